@@ -1,0 +1,82 @@
+"""Key backends: how a key ring's keys are made, and which codec opens them.
+
+A ring records its codec (``{"type": "local"}``, ``"kms"``, ``"vault-transit"``);
+`backend_for(ring.codec)` returns the `Backend` for it. A backend is the
+key-management half (make a key, react to a lifecycle step); the codec it
+opens is the primitive half. Optional backends import their client library
+lazily and say which extra to install when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import datetime
+from typing import Any, Protocol
+
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.keyring import CodecSpec, Key, KeyRing, KeyState
+from mrtr_keys.keystores import Keystore
+
+_MODULES = {
+    "local": "mrtr_keys.backends.local",
+    "kms": "mrtr_keys.backends.kms",
+    "vault-transit": "mrtr_keys.backends.vault_transit",
+}
+
+
+class Codec(Protocol):
+    """The MCP SDK's `RequestStateCodec`, plus `reload()`."""
+
+    def seal(self, payload: bytes) -> str: ...
+
+    def unseal(self, token: str) -> bytes: ...
+
+    def reload(self) -> bool: ...
+
+
+class Backend(Protocol):
+    """The key-management side of one codec type."""
+
+    def new_key(self, *, ring_id: str, kid: str, state: KeyState, audiences: tuple[str, ...], now: datetime) -> Key:
+        """Make a key (material, or a wrapped data key, or a transit version) in `state`.
+
+        Raises:
+            BackendUnavailable, MrtrKeysError: the remote service refused or is unreachable.
+        """
+        ...
+
+    def apply(self, op: str, before: KeyRing | None, after: KeyRing) -> KeyRing:
+        """React to a change (``init``, ``begin``, ``promote``, ``retire``, ``audience``, ...)
+        before it is saved; may return an adjusted ring (same generation). Default: `after`."""
+        ...
+
+    def open_codec(self, keystore: Keystore, *, audience: str, observer: CodecObserver | None = None) -> Codec:
+        """The codec for this ring and audience (see `mrtr_keys.request_state_security`)."""
+        ...
+
+    def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
+        """Fields `inspect` shows for a token of this backend's format, or None if it is not one."""
+        ...
+
+
+def backend_for(spec: CodecSpec | str, **options: Any) -> Backend:
+    """The backend for a codec spec (or type name).
+
+    Raises:
+        ConfigError: unknown codec type, or its optional dependency is not installed.
+    """
+    if isinstance(spec, str):
+        spec = CodecSpec(spec)
+    module_name = _MODULES.get(spec.type)
+    if module_name is None:
+        known = ", ".join(sorted(_MODULES))
+        raise ConfigError(f"unknown codec {spec.type!r} (known: {known})")
+    module = importlib.import_module(module_name)
+    backend: Backend = module.make_backend(spec, **options)
+    return backend
+
+
+def codec_types() -> tuple[str, ...]:
+    """Codec type names a ring may record."""
+    return tuple(_MODULES)

@@ -1,0 +1,42 @@
+"""Local backend: 32 random bytes per key, stored in the ring; opened by `LocalAESGCMCodec`."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import Any
+
+from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
+from mrtr_keys.codecs.local import LocalAESGCMCodec
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.keyring import KEY_BYTES, CodecSpec, Key, KeyRing, KeyState
+from mrtr_keys.keystores import Keystore
+from mrtr_keys.token_info import describe_aesgcm_token
+
+
+class LocalBackend:
+    """Key material from `os.urandom` (32 bytes), kept base64 in the ring file (mode 0600)."""
+
+    def __init__(self, spec: CodecSpec) -> None:
+        self.spec = spec
+
+    def new_key(self, *, ring_id: str, kid: str, state: KeyState, audiences: tuple[str, ...], now: datetime) -> Key:
+        promoted = now if state is KeyState.PRIMARY else None
+        return Key(kid=kid, state=state, created_at=now, promoted_at=promoted, material=os.urandom(KEY_BYTES))
+
+    def apply(self, op: str, before: KeyRing | None, after: KeyRing) -> KeyRing:
+        return after
+
+    def open_codec(
+        self, keystore: Keystore, *, audience: str, observer: CodecObserver | None = None
+    ) -> LocalAESGCMCodec:
+        return LocalAESGCMCodec(keystore, audience=audience, observer=observer)
+
+    def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        return describe_aesgcm_token(ring, token)
+
+
+def make_backend(spec: CodecSpec, **_: Any) -> LocalBackend:
+    return LocalBackend(spec)

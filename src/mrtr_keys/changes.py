@@ -1,0 +1,68 @@
+"""Applying one change to a stored key ring: lock, load, transform, let the backend react, CAS-save.
+
+Every command that changes a ring (rotation steps, audience scope, rewrap)
+goes through `apply_change`, so each change is one generation, serialised
+against cooperating writers by the keystore lock and protected against any
+other writer by compare-and-swap. If anything fails before the save, the
+stored ring is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mrtr_keys.backends import backend_for
+from mrtr_keys.keyring import KeyRing, utcnow
+from mrtr_keys.keystores import Keystore
+
+
+@dataclass(frozen=True)
+class ChangeResult:
+    """What a change did. `changed` is False for an idempotent re-run (nothing written)."""
+
+    op: str
+    changed: bool
+    ring: KeyRing
+    message: str
+    forced: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Transform = Callable[[KeyRing, datetime], ChangeResult]
+"""Pure step: given the stored ring and the time, say what the new ring is (or that nothing changes)."""
+
+ChangeListener = Callable[[ChangeResult, KeyRing, Keystore], None]
+_listeners: list[ChangeListener] = []
+
+
+def add_change_listener(listener: ChangeListener) -> None:
+    """Call `listener(result, before, keystore)` after every saved change (the audit log uses this)."""
+    _listeners.append(listener)
+
+
+def apply_change(keystore: Keystore, op: str, transform: Transform, *, now: datetime | None = None) -> ChangeResult:
+    """Run `transform` on the stored ring and save the result as the next generation.
+
+    Raises:
+        KeyRingNotFound, KeystoreError, KeyRingError: the ring cannot be loaded.
+        ConflictError: another writer saved first (nothing written).
+        RotationError, NotYet, ConfigError: raised by `transform`; nothing written.
+        BackendUnavailable: the backend could not react (nothing written).
+    """
+    now = now or utcnow()
+    with keystore.locked():
+        before = keystore.load()
+        result = transform(before, now)
+        if not result.changed:
+            return result
+        after = backend_for(before.codec).apply(op, before, result.ring)
+        keystore.save(after, expected_generation=before.generation)
+        saved = ChangeResult(
+            op=result.op, changed=True, ring=after, message=result.message, forced=result.forced, details=result.details
+        )
+    for listener in list(_listeners):
+        listener(saved, before, keystore)
+    return saved

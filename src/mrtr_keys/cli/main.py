@@ -1,0 +1,66 @@
+"""`mrtr-keys`: the command line. Thin: parses, calls the library, prints.
+
+Exit codes: 0 done, 75 not yet (retry later, EX_TEMPFAIL), 2 usage or
+configuration error, 1 anything else. Never a traceback (set
+``MRTR_KEYS_DEBUG=1`` to see one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from mrtr_keys.cli import init_cmd, inspect_cmd, keys_cmd, rotate_cmd, scope_cmd
+
+app = typer.Typer(
+    name="mrtr-keys",
+    help="Shared, rotated, audited keys for MCP requestState.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.command("init")(init_cmd.init)
+app.add_typer(keys_cmd.app, name="keys")
+app.add_typer(rotate_cmd.app, name="rotate")
+app.add_typer(scope_cmd.app, name="audience")
+app.command("inspect")(inspect_cmd.inspect)
+
+
+def run() -> None:
+    """Console-script entry point: run the app, map errors to one line and an exit code."""
+    from mrtr_keys.cli.output import error
+    from mrtr_keys.errors import MrtrKeysError
+
+    try:
+        code = app(standalone_mode=False)
+    except MrtrKeysError as exc:
+        error(str(exc))
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        error("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # the CLI's one catch-all: a line, never a traceback
+        # Click (or Typer's bundled Click) usage errors: duck-typed so either flavour is caught.
+        if type(exc).__name__ == "Abort":
+            error("aborted")
+            sys.exit(1)
+        exit_code: object = getattr(exc, "exit_code", None)
+        if hasattr(exc, "format_message") and isinstance(exit_code, int):
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            error(f"{exc.format_message()}{where}")
+            sys.exit(exit_code)
+        if os.environ.get("MRTR_KEYS_DEBUG"):
+            raise
+        error(f"internal error: {type(exc).__name__}: {exc}")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    run()

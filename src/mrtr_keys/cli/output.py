@@ -1,0 +1,41 @@
+"""Rendering for the CLI: rich tables for people, JSON for machines. No secrets pass through here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def print_json(data: Any) -> None:
+    """Write `data` as one JSON document to stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def print_line(text: str) -> None:
+    """Write one plain line to stdout."""
+    sys.stdout.write(text + "\n")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table on stdout (plain text when stdout is not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    Console(soft_wrap=True).print(table)
+
+
+def print_fields(title: str | None, fields: dict[str, Any]) -> None:
+    """A two-column table of name/value pairs."""
+    print_table(title, ["field", "value"], [(k, v) for k, v in fields.items()])
+
+
+def error(text: str) -> None:
+    """One line on stderr, prefixed with the program name."""
+    sys.stderr.write(f"mrtr-keys: {text}\n")

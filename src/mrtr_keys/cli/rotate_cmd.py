@@ -1,0 +1,76 @@
+"""`mrtr-keys rotate status|begin|promote|retire|next`: the three-phase rotation (see `mrtr_keys.rotation`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+
+app = typer.Typer(help="Three-phase zero-downtime key rotation.", no_args_is_help=True)
+
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Retire before TTL + 60 s: tokens in flight under the old key get rejected.")
+]
+TtlOpt = Annotated[float | None, typer.Option("--ttl", help="New requestState TTL in seconds, stored in the ring.")]
+
+
+@app.command("status")
+def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """Show the phase, the keys involved, the next step and how long it waits."""
+    from mrtr_keys.cli.output import print_fields, print_json
+    from mrtr_keys.keyring import utcnow
+    from mrtr_keys.rotation import status as rotation_status
+
+    ring = keystore(keystore_).load()
+    st = rotation_status(ring, utcnow()).to_json()
+    st.update({"generation": ring.generation, "ttl_seconds": ring.ttl_seconds})
+    if json_:
+        print_json(st)
+    else:
+        print_fields(f"rotation of {ring.ring_id}", st)
+
+
+def _step(step: str, keystore_: str | None, json_: bool, *, force: bool = False, ttl: float | None = None) -> None:
+    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.rotation import run_step
+
+    result = run_step(keystore(keystore_), step, force=force, ttl=ttl)
+    if json_:
+        print_json(
+            {
+                "step": result.op,
+                "changed": result.changed,
+                "forced": result.forced,
+                "generation": result.ring.generation,
+                "message": result.message,
+                **result.details,
+            }
+        )
+    else:
+        print_line(result.message)
+
+
+@app.command("begin")
+def begin(keystore_: KeystoreOpt = None, ttl: TtlOpt = None, json_: JsonOpt = False) -> None:
+    """Phase 1: add a new key that verifies; the old one still seals."""
+    _step("begin", keystore_, json_, ttl=ttl)
+
+
+@app.command("promote")
+def promote(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """Phase 2: the new key seals; the old one still verifies."""
+    _step("promote", keystore_, json_)
+
+
+@app.command("retire")
+def retire(keystore_: KeystoreOpt = None, force: ForceOpt = False, json_: JsonOpt = False) -> None:
+    """Phase 3: retire the old key, once TTL + 60 s have passed since the promote."""
+    _step("retire", keystore_, json_, force=force)
+
+
+@app.command("next")
+def next_(keystore_: KeystoreOpt = None, force: ForceOpt = False, ttl: TtlOpt = None, json_: JsonOpt = False) -> None:
+    """Run the next phase if allowed now; else exit 75 saying what it waits for."""
+    _step("next", keystore_, json_, force=force, ttl=ttl)

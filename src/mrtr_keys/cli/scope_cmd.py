@@ -1,0 +1,58 @@
+"""`mrtr-keys audience list|add|remove`: the key ring's audience scope (exact, case-sensitive)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+
+app = typer.Typer(help="The audiences the key ring may seal and unseal for.", no_args_is_help=True)
+NameArg = Annotated[str, typer.Argument(help="Audience name (exact, case-sensitive).")]
+
+
+@app.command("list")
+def list_(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """List the scope; empty means any audience."""
+    from mrtr_keys.cli.output import print_json, print_line
+
+    ring = keystore(keystore_).load()
+    if json_:
+        print_json({"audiences": list(ring.audiences), "any": not ring.audiences, "generation": ring.generation})
+    elif not ring.audiences:
+        print_line("(no audience scope: any audience)")
+    else:
+        for a in ring.audiences:
+            print_line(a)
+
+
+def _change(op: str, name: str, keystore_: str | None, json_: bool) -> None:
+    from mrtr_keys import audience
+    from mrtr_keys.cli.output import print_json, print_line
+
+    fn = audience.add if op == "add" else audience.remove
+    result = fn(keystore(keystore_), name)
+    if json_:
+        print_json(
+            {
+                "changed": result.changed,
+                "audiences": list(result.ring.audiences),
+                "generation": result.ring.generation,
+                "message": result.message,
+            }
+        )
+    else:
+        print_line(result.message)
+
+
+@app.command("add")
+def add(name: NameArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """Add an audience to the scope."""
+    _change("add", name, keystore_, json_)
+
+
+@app.command("remove")
+def remove(name: NameArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """Remove an audience from the scope."""
+    _change("remove", name, keystore_, json_)

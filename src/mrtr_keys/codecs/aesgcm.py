@@ -1,0 +1,170 @@
+"""The shared AES-256-GCM token core: one implementation of the token format for every data-key codec.
+
+The local, KMS-envelope and Vault data-key codecs all end here once they hold
+32-byte ring keys in memory; they differ only in how those keys were obtained.
+
+Token (see docs/token-format.md)::
+
+    "mk1." + base64url(kid[4] || nonce[12] || ciphertext || tag[16])
+
+* AES key per (ring key, audience): HKDF-SHA256 (RFC 5869), no salt, ``info`` =
+  ``b"mrtr-keys/v1/aes-256-gcm/audience:" + audience`` (UTF-8). Derived once per key at
+  construction, never per token, so a token sealed for audience A never unseals for B.
+* Associated data: ``b"mk1." || kid || audience`` (prefix and kid are fixed length),
+  so the format version, the key slot and the audience are all under the tag.
+* Nonce: 12 bytes from the OS CSPRNG (NIST SP 800-38D section 8.2.2, random
+  construction), drawn in blocks to save a system call per token; the block is
+  discarded in a forked child.
+* The kid picks the key (never trial decryption); unknown or retired kids fail
+  before any decryption.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import NoReturn
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from mcp.server.mcpserver import InvalidRequestState
+
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.token import KID_BYTES, MalformedToken, b64u_encode, kid_to_bytes, unpack
+
+TOKEN_PREFIX = "mk1."  # noqa: S105 - a format version, not a secret
+"""Format version of AES-GCM core tokens; differs from the MCP SDK's ``v1.``."""
+
+AUDIENCE_KDF_INFO = b"mrtr-keys/v1/aes-256-gcm/audience:"
+NONCE_BYTES = 12
+TAG_BYTES = 16
+_PREFIX_BYTES = TOKEN_PREFIX.encode("ascii")
+_NONCE_BLOCK = NONCE_BYTES * 512
+
+
+def derive_audience_key(ring_key: bytes, audience: str) -> bytes:
+    """HKDF-SHA256(ring_key, info=AUDIENCE_KDF_INFO + audience) -> 32 bytes (RFC 5869)."""
+    info = AUDIENCE_KDF_INFO + audience.encode("utf-8", "surrogatepass")
+    return HKDF(algorithm=SHA256(), length=32, salt=None, info=info).derive(ring_key)
+
+
+def reject(reason: str) -> NoReturn:
+    """Fail closed: the one way a codec refuses a token (the reason is a short log-only code)."""
+    raise InvalidRequestState(reason)
+
+
+class _NonceSource:
+    """12-byte nonces from os.urandom, fetched in blocks; fork-safe (a child never reuses the parent's block)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._block = b""
+        self._pos = 0
+
+    def take(self) -> bytes:
+        with self._lock:
+            pos = self._pos
+            if pos >= len(self._block) or self._pid != os.getpid():
+                self._block = os.urandom(_NONCE_BLOCK)
+                self._pid = os.getpid()
+                pos = 0
+            self._pos = pos + NONCE_BYTES
+            return self._block[pos : pos + NONCE_BYTES]
+
+
+_nonces = _NonceSource()
+
+
+class AESGCMTokenCore:
+    """Seal and unseal tokens for one audience with ring keys already in memory.
+
+    Args:
+        keys: kid (8 hex chars) -> 32-byte ring key, for every key that may unseal
+            (states verify and primary). Bytes are copied; derivation happens here, once.
+        primary_kid: the kid that seals; must be in `keys`.
+        audience: bound into the key derivation and the associated data.
+        retired: kids known to the ring but retired (only to give a clearer reason code).
+        observer: optional hook called after every seal/unseal (audit); never sees plaintext.
+
+    Raises:
+        ValueError: a key is not 32 bytes, or `primary_kid` is not among `keys`.
+    """
+
+    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_retired", "_ring")
+
+    def __init__(
+        self,
+        keys: Mapping[str, bytes],
+        *,
+        primary_kid: str,
+        audience: str,
+        retired: frozenset[str] = frozenset(),
+        observer: CodecObserver | None = None,
+    ) -> None:
+        if primary_kid not in keys:
+            raise ValueError("the primary kid must be among the unsealing keys")
+        self._ring: dict[bytes, tuple[AESGCM, bytes, str]] = {}
+        self._audience = audience
+        self._aad_tail = audience.encode("utf-8", "surrogatepass")
+        for kid, key in keys.items():
+            if len(key) != 32:
+                raise ValueError(f"ring key {kid} must be 32 bytes")
+            raw_kid = kid_to_bytes(kid)
+            aad = _PREFIX_BYTES + raw_kid + self._aad_tail
+            self._ring[raw_kid] = (AESGCM(derive_audience_key(bytes(key), audience)), aad, kid)
+        self._mint = kid_to_bytes(primary_kid)
+        self._retired = frozenset(kid_to_bytes(k) for k in retired)
+        self._observer = observer
+
+    def __repr__(self) -> str:
+        kids = ", ".join(entry[2] for entry in self._ring.values())
+        return f"AESGCMTokenCore(audience={self._audience!r}, kids=[{kids}])"
+
+    @property
+    def primary_kid(self) -> str:
+        return self._mint.hex()
+
+    def seal(self, payload: bytes) -> str:
+        """Encrypt `payload` under the primary key; returns a ``mk1.`` token."""
+        kid = self._mint
+        aead, aad, _ = self._ring[kid]
+        nonce = _nonces.take()
+        token = TOKEN_PREFIX + b64u_encode(kid + nonce + aead.encrypt(nonce, payload, aad))
+        if self._observer is not None:
+            self._observer.sealed(kid.hex(), token)
+        return token
+
+    def unseal(self, token: str) -> bytes:
+        """Decrypt a token this core (or a peer with the same ring and audience) sealed.
+
+        Raises:
+            InvalidRequestState: reason ``too long``, ``malformed``, ``unknown kid``,
+                ``retired kid`` or ``seal`` (authentication failed).
+        """
+        try:
+            raw_kid, body = unpack(TOKEN_PREFIX, token, min_body=NONCE_BYTES + TAG_BYTES)
+        except MalformedToken as exc:
+            self._rejected(None, token, str(exc))
+        entry = self._ring.get(raw_kid)
+        if entry is None:
+            self._rejected(raw_kid, token, "retired kid" if raw_kid in self._retired else "unknown kid")
+        aead, aad, kid = entry
+        try:
+            payload = aead.decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], aad)
+        except InvalidTag:
+            self._rejected(raw_kid, token, "seal")
+        if self._observer is not None:
+            self._observer.unsealed(kid, token)
+        return payload
+
+    def _rejected(self, raw_kid: bytes | None, token: str, reason: str) -> NoReturn:
+        if self._observer is not None:
+            self._observer.rejected(raw_kid.hex() if raw_kid is not None else None, token, reason)
+        reject(reason)
+
+
+assert KID_BYTES == 4

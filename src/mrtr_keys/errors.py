@@ -1,0 +1,71 @@
+"""The project's error hierarchy: one root, a few kinds a caller can act on.
+
+Library code raises these; only the CLI turns them into messages and exit codes
+(see `mrtr_keys.cli.main`), and only codecs raise the MCP SDK's
+`InvalidRequestState`. No message ever contains key material, a token or a secret.
+"""
+
+from __future__ import annotations
+
+
+class MrtrKeysError(Exception):
+    """Root of every error this package raises on purpose (CLI exit code 1)."""
+
+    exit_code = 1
+
+
+class ConfigError(MrtrKeysError):
+    """Bad configuration or arguments: a path, URL, option or audience that cannot work (exit 2)."""
+
+    exit_code = 2
+
+
+class AudienceError(ConfigError):
+    """The audience asked for is outside the key ring's audience scope (exit 2)."""
+
+
+class KeyRingError(MrtrKeysError):
+    """A key ring document is invalid: duplicate kid, no or two primaries, bad material, bad JSON."""
+
+
+class KeystoreError(MrtrKeysError):
+    """A keystore could not be read or written (missing file, unsafe mode, I/O error)."""
+
+
+class KeyRingNotFound(KeystoreError):
+    """No key ring exists at the keystore's location (run `mrtr-keys init`)."""
+
+    exit_code = 2
+
+
+class KeyRingExists(KeystoreError):
+    """`init` refused: a key ring already exists there and is never overwritten."""
+
+
+class ConflictError(KeystoreError):
+    """Compare-and-swap lost: the key ring's generation changed since it was read."""
+
+
+class RotationError(MrtrKeysError):
+    """A rotation step is refused because it skips ahead or goes back; the message names what to run."""
+
+
+class NotYet(RotationError):
+    """A rotation step is not allowed yet (exit 75, EX_TEMPFAIL); `wait_seconds` says for how long."""
+
+    exit_code = 75
+
+    def __init__(self, message: str, *, wait_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.wait_seconds = wait_seconds
+
+
+class BackendUnavailable(MrtrKeysError):
+    """A remote backend (KMS, Vault, the sidecar) could not be reached or answered 5xx.
+
+    Distinct from `InvalidRequestState`: the token may be fine, the service is not.
+    """
+
+
+class UnwrapError(MrtrKeysError):
+    """A wrapped data key could not be unwrapped (wrong context, wrong key, corrupted, denied)."""

@@ -1,0 +1,356 @@
+"""The key ring: an immutable, versioned set of keys with exactly one primary.
+
+A `KeyRing` is the document every instance of a fleet shares. It owns the keys
+and their invariants; codecs (the primitives, as in Tink's key-set handle vs
+AEAD split) are built from it and never change it. Changes are made by
+`mrtr_keys.rotation` and `mrtr_keys.scope`, which return new rings with a
+generation one higher; keystores persist them with compare-and-swap on the
+generation.
+
+Document (JSON, ``format`` = ``mrtr-keys.keyring``, ``version`` = 1)::
+
+    {"format": "mrtr-keys.keyring", "version": 1,
+     "ring_id": "r-<16 hex>", "generation": 3, "ttl_seconds": 600.0,
+     "audiences": ["billing"], "codec": {"type": "local"},
+     "created_at": "2026-11-29T23:00:00Z",
+     "keys": [{"kid": "1a2b3c4d", "state": "primary",
+               "created_at": "...", "promoted_at": "...", "demoted_at": null,
+               "retired_at": null, "material": "<base64 of 32 bytes>"}]}
+
+Key states (the three rotation phases of the MCP SDK docs): ``verify`` (unseals
+only), ``primary`` (seals and unseals; exactly one), ``retired`` (neither).
+``material`` is present for the local codec; codecs whose keys live elsewhere
+(KMS, Vault) keep their per-key fields in ``key_data`` instead (wrapped key,
+KMS key id, encryption context, transit key version).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from mrtr_keys.errors import AudienceError, KeyRingError
+from mrtr_keys.token import KID_PATTERN
+
+FORMAT = "mrtr-keys.keyring"
+VERSION = 1
+KEY_BYTES = 32
+DEFAULT_TTL_SECONDS = 600.0
+"""The MCP SDK's default `RequestStateSecurity(ttl=...)`, in seconds."""
+
+
+class KeyState(StrEnum):
+    """Lifecycle state of one key."""
+
+    VERIFY = "verify"
+    PRIMARY = "primary"
+    RETIRED = "retired"
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC, whole microseconds."""
+    return datetime.now(UTC)
+
+
+def format_time(t: datetime | None) -> str | None:
+    """ISO 8601 UTC with a ``Z`` suffix, or None."""
+    if t is None:
+        return None
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(value: object, what: str) -> datetime | None:
+    """Parse an ISO 8601 time written by `format_time`; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise KeyRingError(f"{what} must be an ISO 8601 UTC time string")
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise KeyRingError(f"{what} is not an ISO 8601 time") from None
+    if t.tzinfo is None:
+        raise KeyRingError(f"{what} has no timezone; times are UTC")
+    return t.astimezone(UTC)
+
+
+def new_kid(taken: Iterable[str] = ()) -> str:
+    """A fresh random kid (8 lowercase hex characters) not in `taken`."""
+    used = set(taken)
+    while True:
+        kid = secrets.token_hex(4)
+        if kid not in used:
+            return kid
+
+
+def new_ring_id() -> str:
+    """A fresh random ring id (``r-`` and 16 hex characters); not secret."""
+    return "r-" + secrets.token_hex(8)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key of a ring. `material` and `key_data` never appear in `repr()`."""
+
+    kid: str
+    state: KeyState
+    created_at: datetime
+    promoted_at: datetime | None = None
+    demoted_at: datetime | None = None
+    retired_at: datetime | None = None
+    material: bytes | None = field(default=None, repr=False)
+    key_data: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def usable(self) -> bool:
+        """True if tokens under this key may be unsealed (state verify or primary)."""
+        return self.state is not KeyState.RETIRED
+
+    def describe(self) -> dict[str, Any]:
+        """Public fields only (no material, no wrapped key): kid, state and times."""
+        return {
+            "kid": self.kid,
+            "state": self.state.value,
+            "created_at": format_time(self.created_at),
+            "promoted_at": format_time(self.promoted_at),
+            "demoted_at": format_time(self.demoted_at),
+            "retired_at": format_time(self.retired_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CodecSpec:
+    """Which codec a ring is for (``local``, ``kms``, ``vault-transit``) and its non-secret settings."""
+
+    type: str = "local"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, **dict(self.params)}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRing:
+    """An immutable key ring; every constructor path validates its invariants."""
+
+    ring_id: str
+    generation: int
+    keys: tuple[Key, ...]
+    audiences: tuple[str, ...] = ()
+    ttl_seconds: float = DEFAULT_TTL_SECONDS
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    created_at: datetime = field(default_factory=utcnow)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def primary(self) -> Key:
+        """The one key that seals."""
+        return next(k for k in self.keys if k.state is KeyState.PRIMARY)
+
+    def lookup(self, kid: str) -> Key | None:
+        """The key with this kid, whatever its state, or None."""
+        for k in self.keys:
+            if k.kid == kid:
+                return k
+        return None
+
+    def usable_keys(self) -> tuple[Key, ...]:
+        """Keys that unseal (verify and primary), primary first."""
+        return tuple(sorted((k for k in self.keys if k.usable), key=lambda k: k.state is not KeyState.PRIMARY))
+
+    def allows_audience(self, audience: str) -> bool:
+        """Exact, case-sensitive membership; an empty scope allows any audience."""
+        return not self.audiences or audience in self.audiences
+
+    def check_audience(self, audience: str) -> None:
+        """Raise `AudienceError` unless the ring's scope allows `audience` (exact, case-sensitive)."""
+        if not isinstance(audience, str) or not audience:
+            raise AudienceError("an audience is a non-empty string (the MCP server's name or its audience=)")
+        if not self.allows_audience(audience):
+            scope = ", ".join(self.audiences)
+            raise AudienceError(
+                f"audience {audience!r} is outside this key ring's scope ({scope}); "
+                f"add it with: mrtr-keys audience add {audience}"
+            )
+
+    def next_generation(self, **changes: Any) -> KeyRing:
+        """A copy with `changes` applied and the generation one higher (validated)."""
+        return replace(self, generation=self.generation + 1, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The document, including key material (for keystores only; never print it)."""
+        keys = []
+        for k in self.keys:
+            entry = k.describe()
+            if k.material is not None:
+                entry["material"] = base64.b64encode(k.material).decode("ascii")
+            if k.key_data:
+                entry["key_data"] = dict(k.key_data)
+            keys.append(entry)
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "ring_id": self.ring_id,
+            "generation": self.generation,
+            "ttl_seconds": self.ttl_seconds,
+            "audiences": list(self.audiences),
+            "codec": self.codec.to_json(),
+            "created_at": format_time(self.created_at),
+            "keys": keys,
+        }
+
+    def dumps(self) -> bytes:
+        """The JSON document as bytes (indented, stable key order)."""
+        return (json.dumps(self.to_json(), indent=2) + "\n").encode("utf-8")
+
+    def describe(self) -> dict[str, Any]:
+        """Everything but key material and wrapped keys: safe to print and serve."""
+        return {
+            "ring_id": self.ring_id,
+            "generation": self.generation,
+            "ttl_seconds": self.ttl_seconds,
+            "audiences": list(self.audiences),
+            "codec": self.codec.type,
+            "keys": [k.describe() for k in self.keys],
+        }
+
+    @classmethod
+    def loads(cls, data: bytes | str) -> KeyRing:
+        """Parse and validate a document.
+
+        Raises:
+            KeyRingError: one line saying what is wrong; never echoes key material.
+        """
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise KeyRingError("key ring is not valid JSON") from None
+        return cls.from_json(doc)
+
+    @classmethod
+    def from_json(cls, doc: object) -> KeyRing:
+        """Build from a parsed document; see `loads`."""
+        if not isinstance(doc, dict):
+            raise KeyRingError("key ring must be a JSON object")
+        if doc.get("format") != FORMAT:
+            raise KeyRingError(f"not a key ring document (format must be {FORMAT!r})")
+        if doc.get("version") != VERSION:
+            raise KeyRingError(f"unsupported key ring version {doc.get('version')!r} (this build reads {VERSION})")
+        codec_doc = doc.get("codec", {"type": "local"})
+        if not isinstance(codec_doc, dict) or not isinstance(codec_doc.get("type"), str):
+            raise KeyRingError("codec must be an object with a string 'type'")
+        codec = CodecSpec(codec_doc["type"], {k: v for k, v in codec_doc.items() if k != "type"})
+        raw_keys = doc.get("keys")
+        if not isinstance(raw_keys, list):
+            raise KeyRingError("keys must be a list")
+        keys = tuple(_key_from_json(entry, i, codec.type) for i, entry in enumerate(raw_keys))
+        audiences = doc.get("audiences", [])
+        if not isinstance(audiences, list) or not all(isinstance(a, str) for a in audiences):
+            raise KeyRingError("audiences must be a list of strings")
+        ttl = doc.get("ttl_seconds", DEFAULT_TTL_SECONDS)
+        generation = doc.get("generation")
+        ring_id = doc.get("ring_id")
+        if not isinstance(ring_id, str):
+            raise KeyRingError("ring_id must be a string")
+        if isinstance(generation, bool) or not isinstance(generation, int):
+            raise KeyRingError("generation must be an integer")
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+            raise KeyRingError("ttl_seconds must be a number")
+        created = parse_time(doc.get("created_at"), "created_at") or utcnow()
+        return cls(
+            ring_id=ring_id,
+            generation=generation,
+            keys=keys,
+            audiences=tuple(audiences),
+            ttl_seconds=float(ttl),
+            codec=codec,
+            created_at=created,
+        )
+
+
+def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
+    if not isinstance(entry, dict):
+        raise KeyRingError(f"keys[{index}] must be an object")
+    kid = entry.get("kid")
+    if not isinstance(kid, str) or KID_PATTERN.fullmatch(kid) is None:
+        raise KeyRingError(f"keys[{index}].kid must be 8 lowercase hex characters")
+    try:
+        state = KeyState(str(entry.get("state")))
+    except ValueError:
+        raise KeyRingError(f"key {kid}: state must be verify, primary or retired") from None
+    material: bytes | None = None
+    raw_material = entry.get("material")
+    if raw_material is not None:
+        material = _decode_material(raw_material, kid)
+    key_data = entry.get("key_data", {})
+    if not isinstance(key_data, dict):
+        raise KeyRingError(f"key {kid}: key_data must be an object")
+    if codec_type == "local" and material is None:
+        raise KeyRingError(f"key {kid}: missing material (base64 of {KEY_BYTES} bytes)")
+    created = parse_time(entry.get("created_at"), f"key {kid} created_at")
+    if created is None:
+        raise KeyRingError(f"key {kid}: created_at is required")
+    return Key(
+        kid=kid,
+        state=state,
+        created_at=created,
+        promoted_at=parse_time(entry.get("promoted_at"), f"key {kid} promoted_at"),
+        demoted_at=parse_time(entry.get("demoted_at"), f"key {kid} demoted_at"),
+        retired_at=parse_time(entry.get("retired_at"), f"key {kid} retired_at"),
+        material=material,
+        key_data=key_data,
+    )
+
+
+def _decode_material(value: object, kid: str) -> bytes:
+    """Strict standard base64 of exactly 32 bytes; the error never echoes the value."""
+    expected = f"key {kid}: material must be standard base64 of {KEY_BYTES} bytes"
+    if not isinstance(value, str) or not value.isascii():
+        raise KeyRingError(expected)
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise KeyRingError(f"{expected} (it does not decode)") from None
+    if base64.b64encode(raw).decode("ascii") != value:
+        raise KeyRingError(f"{expected} (non-canonical encoding)")
+    if len(raw) != KEY_BYTES:
+        raise KeyRingError(f"{expected} (it decodes to {len(raw)} bytes)")
+    return raw
+
+
+def _validate(ring: KeyRing) -> None:
+    if not ring.ring_id or not ring.ring_id.isascii() or len(ring.ring_id) > 64:
+        raise KeyRingError("ring_id must be 1-64 ASCII characters")
+    if ring.generation < 1:
+        raise KeyRingError("generation must be >= 1")
+    if not (math.isfinite(ring.ttl_seconds) and ring.ttl_seconds > 0):
+        raise KeyRingError("ttl_seconds must be a positive finite number of seconds")
+    seen: set[str] = set()
+    for k in ring.keys:
+        if k.kid in seen:
+            raise KeyRingError(f"duplicate kid {k.kid}")
+        seen.add(k.kid)
+        if k.material is not None and len(k.material) != KEY_BYTES:
+            raise KeyRingError(f"key {k.kid}: material must be {KEY_BYTES} bytes")
+    primaries = [k.kid for k in ring.keys if k.state is KeyState.PRIMARY]
+    if not primaries:
+        raise KeyRingError("key ring has no primary key (exactly one is required)")
+    if len(primaries) > 1:
+        raise KeyRingError(
+            f"key ring has {len(primaries)} primary keys ({', '.join(primaries)}); exactly one is allowed"
+        )
+    if len(set(ring.audiences)) != len(ring.audiences):
+        raise KeyRingError("audiences contain a duplicate")
+    for a in ring.audiences:
+        if not a:
+            raise KeyRingError("an audience is a non-empty string")

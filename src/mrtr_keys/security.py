@@ -1,0 +1,65 @@
+"""The library entry point: a ready `RequestStateSecurity` from a keystore location."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from mcp.server.mcpserver import RequestStateSecurity
+
+from mrtr_keys.backends import Codec, backend_for
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.keystores import Keystore, open_keystore
+
+
+def open_codec(
+    keystore: Keystore | str | os.PathLike[str] | None = None,
+    *,
+    audience: str,
+    observer: CodecObserver | None = None,
+    **backend_options: Any,
+) -> Codec:
+    """The codec the stored ring records (local, KMS, Vault transit), opened for `audience`.
+
+    Raises:
+        KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.
+        AudienceError: `audience` outside the ring's scope.
+        BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
+    """
+    store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
+    ring = store.load()  # type: ignore[union-attr]
+    backend = backend_for(ring.codec, **backend_options)
+    return backend.open_codec(store, audience=audience, observer=observer)  # type: ignore[arg-type]
+
+
+def request_state_security(
+    keystore: Keystore | str | os.PathLike[str] | None = None,
+    *,
+    audience: str,
+    ttl: float = 600.0,
+    **options: Any,
+) -> RequestStateSecurity:
+    """A `RequestStateSecurity(codec=..., audience=..., ttl=...)` for the MCP SDK (`mcp>=2.3`).
+
+    Args:
+        keystore: path or ``file://`` URL of the key ring (default: ``MRTR_KEYS_KEYSTORE``,
+            else ``.mrtr/keyring.json``).
+        audience: the audience claim and key scope (usually the MCP server's name).
+        ttl: seconds a sealed round stays valid; must not exceed the ring's TTL, which the
+            rotation gate (retire after promote + TTL + 60 s) relies on.
+
+    Raises:
+        ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
+    """
+    if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
+        raise ConfigError("ttl must be a positive finite number of seconds")
+    codec = open_codec(keystore, audience=audience, **options)
+    ring = getattr(codec, "ring", None)
+    if ring is not None and ttl > ring.ttl_seconds:
+        raise ConfigError(
+            f"ttl {ttl:g} s is longer than the key ring's TTL ({ring.ttl_seconds:g} s), so a retire could reject "
+            "rounds still in flight; raise the ring's TTL with: mrtr-keys rotate begin --ttl SECONDS"
+        )
+    return RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))
