@@ -58,7 +58,7 @@ def apply_change(keystore: Keystore, op: str, transform: Transform, *, now: date
         result = transform(before, now)
         if not result.changed:
             return result
-        after = backend_for(before.codec).apply(op, before, result.ring)
+        after = backend_for(before.codec).apply(result.op, before, result.ring)
         keystore.save(after, expected_generation=before.generation)
         saved = ChangeResult(
             op=result.op, changed=True, ring=after, message=result.message, forced=result.forced, details=result.details

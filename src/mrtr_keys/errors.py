@@ -69,3 +69,7 @@ class BackendUnavailable(MrtrKeysError):
 
 class UnwrapError(MrtrKeysError):
     """A wrapped data key could not be unwrapped (wrong context, wrong key, corrupted, denied)."""
+
+
+class AuditError(MrtrKeysError):
+    """The audit store cannot be opened, read or written (bad URL, I/O or database error)."""

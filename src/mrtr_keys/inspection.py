@@ -4,7 +4,8 @@ Without a key nothing is decrypted: the format, kid, that kid's state in the
 ring and the sizes come from the token's framing. With ``decrypt=True`` the
 token is unsealed for an audience and the MCP SDK's envelope claims are read
 (``v``, ``iat``, ``exp``, ``m``, ``t``, ``a``, ``aud``, ``p``, ``s``; see the SDK's
-`request_state.py`). The inner state ``s`` is returned only when asked.
+`request_state.py`). The inner state ``s`` is returned only when asked, as
+``inner_state`` (``state`` is the kid's state in the ring).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
-
-from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.backends import backend_for
 from mrtr_keys.errors import MrtrKeysError
@@ -57,8 +56,13 @@ def inspect_token(
     codec = backend.open_codec(keystore, audience=audience)
     try:
         payload = codec.unseal(token)
-    except InvalidRequestState as exc:
-        raise UninspectableToken(f"token does not unseal for audience {audience!r} ({exc})") from None
+    except Exception as exc:
+        # Imported only on failure: importing the `mcp` package costs ~1.5 s of CLI start-up.
+        from mcp.server.mcpserver import InvalidRequestState
+
+        if isinstance(exc, InvalidRequestState):
+            raise UninspectableToken(f"token does not unseal for audience {audience!r} ({exc})") from None
+        raise
     info["decrypted"] = True
     info.update(_envelope(payload, show_state=show_state, now=now or datetime.now(UTC)))
     return info
@@ -83,8 +87,8 @@ def _envelope(payload: bytes, *, show_state: bool, now: datetime) -> dict[str, A
         "principal_bound": "p" in claims,
         "payload_bytes": len(payload),
     }
-    if show_state:
-        out["state"] = claims.get("s")
+    if show_state:  # not "state": that field is the kid's state in the ring
+        out["inner_state"] = claims.get("s")
     return out
 
 

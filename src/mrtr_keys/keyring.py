@@ -317,6 +317,8 @@ def _decode_material(value: object, kid: str) -> bytes:
     expected = f"key {kid}: material must be standard base64 of {KEY_BYTES} bytes"
     if not isinstance(value, str) or not value.isascii():
         raise KeyRingError(expected)
+    if len(value) == 2 * KEY_BYTES and all(c in "0123456789abcdefABCDEF" for c in value):
+        raise KeyRingError(f"{expected} (it looks like {2 * KEY_BYTES} hex characters; write the bytes as base64)")
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
@@ -324,7 +326,8 @@ def _decode_material(value: object, kid: str) -> bytes:
     if base64.b64encode(raw).decode("ascii") != value:
         raise KeyRingError(f"{expected} (non-canonical encoding)")
     if len(raw) != KEY_BYTES:
-        raise KeyRingError(f"{expected} (it decodes to {len(raw)} bytes)")
+        hint = "; a passphrase or text is not a key" if len(value) == KEY_BYTES else ""
+        raise KeyRingError(f"{expected} (it decodes to {len(raw)} bytes{hint})")
     return raw
 
 

@@ -15,6 +15,7 @@ step to a keystore through `mrtr_keys.changes.apply_change`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -236,12 +237,34 @@ def transition(
 
 
 def run_step(
-    keystore: Keystore, step: str, *, now: datetime | None = None, force: bool = False, ttl: float | None = None
+    keystore: Keystore,
+    step: str,
+    *,
+    now: datetime | None = None,
+    force: bool = False,
+    ttl: float | None = None,
+    gate: Callable[[str, KeyRing, datetime], None] | None = None,
 ) -> ChangeResult:
-    """Apply a rotation step to the stored ring (see `transition`, `apply_change`)."""
+    """Apply a rotation step to the stored ring (see `transition`, `apply_change`).
+
+    `gate(step, ring, now)`, if given, runs first with ``next`` resolved to the step it means
+    (the audit log's gates, `mrtr_keys.audit.gates`); it raises `NotYet` to refuse. `force`
+    overrides it, and the result is then marked forced.
+    """
 
     def transform(ring: KeyRing, at: datetime) -> ChangeResult:
-        return transition(step, ring, at, force=force, ttl=ttl)
+        overridden: str | None = None
+        if gate is not None:
+            try:
+                gate(status(ring, at).next_step if step == "next" else step, ring, at)
+            except NotYet as exc:
+                if not force:
+                    raise
+                overridden = str(exc)
+        result = transition(step, ring, at, force=force, ttl=ttl)
+        if overridden is not None and result.changed:
+            result = replace(result, forced=True, message=f"{result.message} (forced past a gate: {overridden})")
+        return result
 
     result = apply_change(keystore, step, transform, now=now)
     return result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Literal
 
 from mcp.server.mcpserver import RequestStateSecurity
 
@@ -31,7 +31,12 @@ def open_codec(
     store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
     ring = store.load()  # type: ignore[union-attr]
     backend = backend_for(ring.codec, **backend_options)
-    return backend.open_codec(store, audience=audience, observer=observer)  # type: ignore[arg-type]
+    codec = backend.open_codec(store, audience=audience, observer=observer)  # type: ignore[arg-type]
+    if observer is not None:  # codecs not built on KeyRingCodec: record ring-loaded here (idempotent)
+        from mrtr_keys.audit.observer import notify_ring_loaded
+
+        notify_ring_loaded(observer, getattr(codec, "generation", ring.generation), ring.primary.kid)
+    return codec
 
 
 def request_state_security(
@@ -39,6 +44,9 @@ def request_state_security(
     *,
     audience: str,
     ttl: float = 600.0,
+    audit: str | Literal[False] | None = None,
+    sidecar: str | None = None,
+    secret: str | None = None,
     **options: Any,
 ) -> RequestStateSecurity:
     """A `RequestStateSecurity(codec=..., audience=..., ttl=...)` for the MCP SDK (`mcp>=2.3`).
@@ -49,12 +57,29 @@ def request_state_security(
         audience: the audience claim and key scope (usually the MCP server's name).
         ttl: seconds a sealed round stays valid; must not exceed the ring's TTL, which the
             rotation gate (retire after promote + TTL + 60 s) relies on.
+        audit: where seals and unseals are recorded (docs/audit.md): None for ``MRTR_KEYS_AUDIT``,
+            else the SQLite file ``audit.db`` beside the key ring; a store URL (``sqlite:///PATH``,
+            ``postgresql://...``, ``jsonl:///PATH``); or False for no audit log.
+        sidecar: seal through a sealing sidecar instead (``http://127.0.0.1:8750`` or
+            ``unix:///PATH``; docs/sidecar.md): no key material in this process, `keystore` and `audit`
+            unused (the sidecar audits); `secret` is the client's bearer secret (default:
+            ``MRTR_KEYS_SIDECAR_SECRET``); `options` go to `SidecarCodec` (``timeout=``).
 
     Raises:
         ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
     """
     if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
         raise ConfigError("ttl must be a positive finite number of seconds")
+    if sidecar is not None:
+        from mrtr_keys.codecs.sidecar import sidecar_security
+
+        return sidecar_security(sidecar, audience=audience, secret=secret, ttl=float(ttl), **options)
+    if "observer" not in options and audit is not False:
+        from mrtr_keys.audit.observer import observer_for
+
+        store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
+        options["observer"] = observer_for(store.directory, audience=audience, audit=audit)  # type: ignore[union-attr]
+        keystore = store  # type: ignore[assignment]
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)
     if ring is not None and ttl > ring.ttl_seconds:

@@ -14,7 +14,6 @@ See docs/token-format.md.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 
@@ -27,7 +26,16 @@ KID_PATTERN = re.compile(r"[0-9a-f]{8}")
 MAX_TOKEN_CHARS = 65536
 """Longest token any codec accepts (characters); checked before decoding."""
 
-_B64_BODY = re.compile(r"[A-Za-z0-9_-]*")
+_B64_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_PAD = (b"", b"", b"==", b"=")
+# Canonical last characters by ``len(text) % 4``: the unused low bits of the last
+# sextet must be zero (RFC 4648 section 3.5), 4 bits when 2 characters remain, 2 when 3 do.
+_CANONICAL_LAST: tuple[frozenset[str], ...] = (
+    frozenset(),
+    frozenset(),
+    frozenset(c for i, c in enumerate(_B64_ALPHABET) if i & 0x0F == 0),
+    frozenset(c for i, c in enumerate(_B64_ALPHABET) if i & 0x03 == 0),
+)
 
 
 class MalformedToken(ValueError):
@@ -36,24 +44,35 @@ class MalformedToken(ValueError):
 
 def b64u_encode(data: bytes) -> str:
     """Unpadded base64url (RFC 4648 section 5) of `data`."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(data, newline=False).rstrip(b"=").replace(b"+", b"-").replace(b"/", b"_").decode("ascii")
 
 
 def b64u_decode(text: str) -> bytes:
-    """Strict inverse of `b64u_encode`.
+    """Strict inverse of `b64u_encode`: only the canonical unpadded base64url of some bytes decodes.
+
+    Refused: padding, whitespace or any other character outside the URL-safe alphabet
+    (``+`` and ``/`` included), a length of 1 mod 4, and non-zero unused trailing bits
+    (RFC 4648 section 3.5), so each byte string has exactly one accepted spelling.
 
     Raises:
         MalformedToken: `text` is not the canonical unpadded base64url of any bytes.
     """
-    if not text.isascii() or _B64_BODY.fullmatch(text) is None or len(text) % 4 == 1:
+    rem = len(text) & 3
+    if (
+        rem == 1
+        or not text.isascii()
+        or "+" in text
+        or "/" in text
+        or "=" in text
+        or (rem and text[-1] not in _CANONICAL_LAST[rem])
+    ):
         raise MalformedToken("malformed")
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        # strict_mode refuses every character outside the (standard) alphabet, whitespace included.
+        std = text.encode("ascii").replace(b"-", b"+").replace(b"_", b"/")
+        return binascii.a2b_base64(std + _PAD[rem], strict_mode=True)
     except (binascii.Error, ValueError):
         raise MalformedToken("malformed") from None
-    if b64u_encode(raw) != text:  # non-zero trailing bits: another spelling of the same bytes
-        raise MalformedToken("malformed")
-    return raw
 
 
 def kid_to_bytes(kid: str) -> bytes:
@@ -78,6 +97,8 @@ def unpack(prefix: str, token: str, *, min_body: int = 0) -> tuple[bytes, bytes]
             or shorter than a kid plus `min_body` bytes. The message is a reason code
             (``too long`` or ``malformed``).
     """
+    if not isinstance(token, str):
+        raise MalformedToken("malformed")
     if len(token) > MAX_TOKEN_CHARS:
         raise MalformedToken("too long")
     if not token.startswith(prefix):

@@ -12,7 +12,17 @@ import sys
 
 import typer
 
-from mrtr_keys.cli import init_cmd, inspect_cmd, keys_cmd, rotate_cmd, scope_cmd
+from mrtr_keys.cli import (
+    audit_cmd,
+    clients_cmd,
+    init_cmd,
+    inspect_cmd,
+    keys_cmd,
+    rewrap_cmd,
+    rotate_cmd,
+    scope_cmd,
+    serve_cmd,
+)
 
 app = typer.Typer(
     name="mrtr-keys",
@@ -27,6 +37,18 @@ app.add_typer(keys_cmd.app, name="keys")
 app.add_typer(rotate_cmd.app, name="rotate")
 app.add_typer(scope_cmd.app, name="audience")
 app.command("inspect")(inspect_cmd.inspect)
+app.add_typer(audit_cmd.app, name="audit")
+
+
+@app.callback()
+def _root(audit: audit_cmd.AuditOpt = None) -> None:
+    """Shared, rotated, audited keys for MCP requestState."""
+    audit_cmd.configure(audit)  # key ring changes are recorded in the audit store (docs/audit.md)
+
+
+app.command("rewrap")(rewrap_cmd.rewrap)
+app.command("serve")(serve_cmd.serve)
+app.add_typer(clients_cmd.app, name="clients")
 
 
 def run() -> None:
@@ -35,7 +57,7 @@ def run() -> None:
     from mrtr_keys.errors import MrtrKeysError
 
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="mrtr-keys")
     except MrtrKeysError as exc:
         error(str(exc))
         sys.exit(exc.exit_code)
@@ -50,6 +72,9 @@ def run() -> None:
             error("aborted")
             sys.exit(1)
         exit_code: object = getattr(exc, "exit_code", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as Click prints it (exit 2)
+            sys.stderr.write(f"{exc.format_message()}\n")  # type: ignore[attr-defined]
+            sys.exit(2)
         if hasattr(exc, "format_message") and isinstance(exit_code, int):
             ctx = getattr(exc, "ctx", None)
             where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""

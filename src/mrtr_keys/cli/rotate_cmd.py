@@ -14,6 +14,19 @@ ForceOpt = Annotated[
     bool, typer.Option("--force", help="Retire before TTL + 60 s: tokens in flight under the old key get rejected.")
 ]
 TtlOpt = Annotated[float | None, typer.Option("--ttl", help="New requestState TTL in seconds, stored in the ring.")]
+PromoteForceOpt = Annotated[
+    bool, typer.Option("--force", help="Promote although the audit log shows instances without the phase-1 ring.")
+]
+WindowOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--window",
+        envvar="MRTR_KEYS_GATE_WINDOW",
+        help="Promote gate: instances seen in the audit log this many seconds back must have loaded phase 1 "
+        "[default: 600].",
+        show_default=False,
+    ),
+]
 
 
 @app.command("status")
@@ -32,11 +45,22 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
         print_fields(f"rotation of {ring.ring_id}", st)
 
 
-def _step(step: str, keystore_: str | None, json_: bool, *, force: bool = False, ttl: float | None = None) -> None:
+def _step(
+    step: str,
+    keystore_: str | None,
+    json_: bool,
+    *,
+    force: bool = False,
+    ttl: float | None = None,
+    window: float | None = None,
+) -> None:
+    from mrtr_keys.cli.audit_cmd import rotation_gate_for
     from mrtr_keys.cli.output import print_json, print_line
     from mrtr_keys.rotation import run_step
 
-    result = run_step(keystore(keystore_), step, force=force, ttl=ttl)
+    store = keystore(keystore_)
+    gate = rotation_gate_for(store, window=window)  # the audit log's gates (docs/audit.md); None without a log
+    result = run_step(store, step, force=force, ttl=ttl, gate=gate)
     if json_:
         print_json(
             {
@@ -59,9 +83,11 @@ def begin(keystore_: KeystoreOpt = None, ttl: TtlOpt = None, json_: JsonOpt = Fa
 
 
 @app.command("promote")
-def promote(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+def promote(
+    keystore_: KeystoreOpt = None, force: PromoteForceOpt = False, window: WindowOpt = None, json_: JsonOpt = False
+) -> None:
     """Phase 2: the new key seals; the old one still verifies."""
-    _step("promote", keystore_, json_)
+    _step("promote", keystore_, json_, force=force, window=window)
 
 
 @app.command("retire")
@@ -71,6 +97,12 @@ def retire(keystore_: KeystoreOpt = None, force: ForceOpt = False, json_: JsonOp
 
 
 @app.command("next")
-def next_(keystore_: KeystoreOpt = None, force: ForceOpt = False, ttl: TtlOpt = None, json_: JsonOpt = False) -> None:
+def next_(
+    keystore_: KeystoreOpt = None,
+    force: ForceOpt = False,
+    ttl: TtlOpt = None,
+    window: WindowOpt = None,
+    json_: JsonOpt = False,
+) -> None:
     """Run the next phase if allowed now; else exit 75 saying what it waits for."""
-    _step("next", keystore_, json_, force=force, ttl=ttl)
+    _step("next", keystore_, json_, force=force, ttl=ttl, window=window)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "LocalAESGCMCodec": "mrtr_keys.codecs.local",
+    "VaultTransitCodec": "mrtr_keys.codecs.vault_transit",
+    "KMSEnvelopeCodec": "mrtr_keys.codecs.kms",
+    "SidecarCodec": "mrtr_keys.codecs.sidecar",
 }
 
 

@@ -21,19 +21,21 @@ Token (see docs/token-format.md)::
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.token import KID_BYTES, MalformedToken, b64u_encode, kid_to_bytes, unpack
+from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.token import KID_BYTES, MAX_TOKEN_CHARS, MalformedToken, b64u_encode, kid_to_bytes, unpack
 
 TOKEN_PREFIX = "mk1."  # noqa: S105 - a format version, not a secret
 """Format version of AES-GCM core tokens; differs from the MCP SDK's ``v1.``."""
@@ -41,8 +43,12 @@ TOKEN_PREFIX = "mk1."  # noqa: S105 - a format version, not a secret
 AUDIENCE_KDF_INFO = b"mrtr-keys/v1/aes-256-gcm/audience:"
 NONCE_BYTES = 12
 TAG_BYTES = 16
+MAX_PAYLOAD_BYTES = (MAX_TOKEN_CHARS - len(TOKEN_PREFIX)) * 3 // 4 - KID_BYTES - NONCE_BYTES - TAG_BYTES
+"""Largest payload `seal` accepts (49117 bytes): its token is exactly `MAX_TOKEN_CHARS` long,
+so everything `seal` returns is something `unseal` will open."""
 _PREFIX_BYTES = TOKEN_PREFIX.encode("ascii")
-_NONCE_BLOCK = NONCE_BYTES * 512
+_NONCES_PER_BLOCK = 512
+_NONCE_BLOCK = NONCE_BYTES * _NONCES_PER_BLOCK
 
 
 def derive_audience_key(ring_key: bytes, audience: str) -> bytes:
@@ -52,31 +58,59 @@ def derive_audience_key(ring_key: bytes, audience: str) -> bytes:
 
 
 def reject(reason: str) -> NoReturn:
-    """Fail closed: the one way a codec refuses a token (the reason is a short log-only code)."""
+    """Fail closed: the one way a codec refuses a token (the reason is a short log-only code).
+
+    Raises the MCP SDK's `InvalidRequestState` (imported here, not at module load: importing
+    the `mcp` package costs ~1.5 s, which every `mrtr-keys rotate`/`init` run would pay).
+    """
+    from mcp.server.mcpserver import InvalidRequestState
+
     raise InvalidRequestState(reason)
 
 
 class _NonceSource:
-    """12-byte nonces from os.urandom, fetched in blocks; fork-safe (a child never reuses the parent's block)."""
+    """12-byte nonces from os.urandom, fetched in blocks of 512; fork-safe and thread-safe.
+
+    A block is handed out by an `itertools.count` index: ``next()`` on it is one
+    atomic C call under the GIL, so two threads never get the same slot without a
+    lock per token. A forked child drops its parent's block (`os.register_at_fork`),
+    so parent and child never share nonces. On a free-threaded interpreter (no GIL)
+    every nonce is a fresh ``os.urandom(12)``.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._block = b""
-        self._pos = 0
+        self._state: tuple[bytes, Iterator[int]] = (b"", itertools.count(_NONCES_PER_BLOCK))
+        gil = getattr(sys, "_is_gil_enabled", None)
+        if gil is not None and not gil():
+            self.take = _fresh_nonce  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        """Forget the current block (called in a forked child)."""
+        self._state = (b"", itertools.count(_NONCES_PER_BLOCK))
 
     def take(self) -> bytes:
+        block, index = self._state
+        i = next(index)
+        if i < _NONCES_PER_BLOCK:
+            start = i * NONCE_BYTES
+            return block[start : start + NONCE_BYTES]
         with self._lock:
-            pos = self._pos
-            if pos >= len(self._block) or self._pid != os.getpid():
-                self._block = os.urandom(_NONCE_BLOCK)
-                self._pid = os.getpid()
-                pos = 0
-            self._pos = pos + NONCE_BYTES
-            return self._block[pos : pos + NONCE_BYTES]
+            if self._state[1] is index:  # nobody refilled while we waited
+                self._state = (os.urandom(_NONCE_BLOCK), itertools.count())
+        return self.take()
+
+
+def _fresh_nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
 
 
 _nonces = _NonceSource()
+os.register_at_fork(after_in_child=_nonces.reset)
+_take_nonce = _nonces.take
+
+_AEADFn = Callable[[bytes, bytes, bytes | None], bytes]
+"""A bound `AESGCM.encrypt` or `AESGCM.decrypt`: (nonce, data, associated_data) -> bytes."""
 
 
 class AESGCMTokenCore:
@@ -94,7 +128,7 @@ class AESGCMTokenCore:
         ValueError: a key is not 32 bytes, or `primary_kid` is not among `keys`.
     """
 
-    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_retired", "_ring")
+    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_retired", "_ring", "_sealer")
 
     def __init__(
         self,
@@ -107,7 +141,9 @@ class AESGCMTokenCore:
     ) -> None:
         if primary_kid not in keys:
             raise ValueError("the primary kid must be among the unsealing keys")
-        self._ring: dict[bytes, tuple[AESGCM, bytes, str]] = {}
+        # raw kid -> (bound AESGCM.decrypt, associated data, kid text); bound once, not per token
+        self._ring: dict[bytes, tuple[_AEADFn, bytes, str]] = {}
+        encrypt_with: dict[bytes, _AEADFn] = {}
         self._audience = audience
         self._aad_tail = audience.encode("utf-8", "surrogatepass")
         for kid, key in keys.items():
@@ -115,8 +151,11 @@ class AESGCMTokenCore:
                 raise ValueError(f"ring key {kid} must be 32 bytes")
             raw_kid = kid_to_bytes(kid)
             aad = _PREFIX_BYTES + raw_kid + self._aad_tail
-            self._ring[raw_kid] = (AESGCM(derive_audience_key(bytes(key), audience)), aad, kid)
+            aead = AESGCM(derive_audience_key(bytes(key), audience))
+            self._ring[raw_kid] = (aead.decrypt, aad, kid)
+            encrypt_with[raw_kid] = aead.encrypt
         self._mint = kid_to_bytes(primary_kid)
+        self._sealer = (encrypt_with[self._mint], self._ring[self._mint][1], self._mint, primary_kid)
         self._retired = frozenset(kid_to_bytes(k) for k in retired)
         self._observer = observer
 
@@ -129,13 +168,19 @@ class AESGCMTokenCore:
         return self._mint.hex()
 
     def seal(self, payload: bytes) -> str:
-        """Encrypt `payload` under the primary key; returns a ``mk1.`` token."""
-        kid = self._mint
-        aead, aad, _ = self._ring[kid]
-        nonce = _nonces.take()
-        token = TOKEN_PREFIX + b64u_encode(kid + nonce + aead.encrypt(nonce, payload, aad))
+        """Encrypt `payload` under the primary key; returns a ``mk1.`` token.
+
+        Raises:
+            MrtrKeysError: `payload` is longer than `MAX_PAYLOAD_BYTES` (its token would be
+                over `MAX_TOKEN_CHARS`, which every codec refuses to unseal).
+        """
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise MrtrKeysError(f"payload of {len(payload)} bytes is over the {MAX_PAYLOAD_BYTES}-byte token limit")
+        encrypt, aad, raw_kid, kid = self._sealer
+        nonce = _take_nonce()
+        token = TOKEN_PREFIX + b64u_encode(raw_kid + nonce + encrypt(nonce, payload, aad))
         if self._observer is not None:
-            self._observer.sealed(kid.hex(), token)
+            self._observer.sealed(kid, token)
         return token
 
     def unseal(self, token: str) -> bytes:
@@ -152,9 +197,9 @@ class AESGCMTokenCore:
         entry = self._ring.get(raw_kid)
         if entry is None:
             self._rejected(raw_kid, token, "retired kid" if raw_kid in self._retired else "unknown kid")
-        aead, aad, kid = entry
+        decrypt, aad, kid = entry
         try:
-            payload = aead.decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], aad)
+            payload = decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], aad)
         except InvalidTag:
             self._rejected(raw_kid, token, "seal")
         if self._observer is not None:

@@ -54,6 +54,7 @@ class KeyRingCodec:
         assert self._keystore is not None
         ring = self._keystore.load()
         self._ring, self._core = ring, self._build(ring)
+        self._ring_loaded(ring)
 
     @classmethod
     def from_ring(cls, ring: KeyRing, *, audience: str, observer: CodecObserver | None = None) -> KeyRingCodec:
@@ -64,6 +65,7 @@ class KeyRingCodec:
         self._observer = observer
         self._lock = threading.Lock()
         self._ring, self._core = ring, self._build(ring)
+        self._ring_loaded(ring)
         return self
 
     def __repr__(self) -> str:
@@ -112,7 +114,15 @@ class KeyRingCodec:
         core = self._build(ring)
         with self._lock:
             self._ring, self._core = ring, core
+        self._ring_loaded(ring)
         return True
+
+    def _ring_loaded(self, ring: KeyRing) -> None:
+        """Tell an audit observer (if it has `ring_loaded`) this instance now uses `ring`'s generation;
+        it writes synchronously, before construction or `reload` returns (docs/audit.md)."""
+        hook = getattr(self._observer, "ring_loaded", None)
+        if hook is not None:
+            hook(ring.generation, ring.primary.kid)
 
     def _build(self, ring: KeyRing) -> AESGCMTokenCore:
         if self.codec_type and ring.codec.type != self.codec_type:

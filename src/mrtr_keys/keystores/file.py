@@ -18,6 +18,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -33,6 +34,7 @@ class FileKeystore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().absolute()
+        self._local = threading.local()  # which threads hold `locked()` (re-entrancy is per thread)
 
     @classmethod
     def from_url(cls, url: str) -> FileKeystore:
@@ -69,14 +71,20 @@ class FileKeystore:
             raise KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)") from None
         except OSError as exc:
             raise KeystoreError(f"cannot open key ring {self.path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise KeystoreError(f"key ring {self.path} is not a regular file")
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
             if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
                 raise KeystoreError(
                     f"key ring {self.path} is accessible by group or others "
                     f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with: chmod 600 {self.path}"
                 )
-            data = f.read(MAX_RING_BYTES + 1)
+            try:
+                data = f.read(MAX_RING_BYTES + 1)
+            except OSError as exc:
+                raise KeystoreError(f"cannot read key ring {self.path}: {exc.strerror}") from None
         if len(data) > MAX_RING_BYTES:
             raise KeystoreError(f"key ring {self.path} is larger than {MAX_RING_BYTES} bytes")
         return KeyRing.loads(data)
@@ -102,8 +110,12 @@ class FileKeystore:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold an exclusive advisory lock on ``<ring>.lock`` (re-entrant within one thread)."""
-        if getattr(self, "_held", False):
+        """Hold an exclusive advisory lock on ``<ring>.lock`` (re-entrant within one thread).
+
+        Each call opens its own descriptor, and `flock` locks belong to the open file
+        description, so two threads of one process exclude each other as two processes do.
+        """
+        if getattr(self._local, "held", False):
             yield
             return
         try:
@@ -113,11 +125,11 @@ class FileKeystore:
             raise KeystoreError(f"cannot lock key ring {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            self._held = True
+            self._local.held = True
             try:
                 yield
             finally:
-                self._held = False
+                self._local.held = False
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)

@@ -1,0 +1,187 @@
+"""What the SQLite and PostgreSQL stores share: the schema migrations, inserts and queries."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mrtr_keys.audit.chain import Record
+from mrtr_keys.audit.events import STATS_KEYS, AuditEvent
+from mrtr_keys.audit.store import SCHEMA_VERSION, SQL_COLUMNS, SQL_MIGRATIONS, Query
+from mrtr_keys.errors import AuditError, ConfigError
+
+_SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events"  # noqa: S608 - fixed column names
+
+
+def _row_to_record(row: Sequence[Any]) -> Record:
+    (pos, time, instance, client, audience, kid, op, outcome, reason, fp, gen, dur, writer, seq, prev, h) = row
+    ev = AuditEvent(
+        time=time,
+        instance=instance,
+        op=op,
+        outcome=outcome,
+        client=client,
+        audience=audience,
+        kid=kid,
+        reason=reason,
+        fingerprint=fp,
+        generation=None if gen is None else int(gen),
+        duration_ms=None if dur is None else float(dur),
+    )
+    return Record(ev, writer, int(seq), prev, h, int(pos))
+
+
+class SQLStore:
+    """Base of the SQL stores; a subclass supplies `_connect`, `_db_errors`, `PARAM`, `AUTOINC`, `_lock_schema`."""
+
+    PARAM = "?"
+    AUTOINC = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    _db_errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._lock = threading.RLock()
+        self._conn: Any = self._connect()
+        try:
+            self._migrate()
+        except self._db_errors as exc:
+            self.close()
+            raise AuditError(f"cannot set up the audit schema in {self.url}: {exc}") from None
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _lock_schema(self, cur: Any) -> None:
+        """Serialise concurrent migrations (inside the migration transaction)."""
+
+    def _migrate(self) -> None:
+        with self._lock:
+            cur = self._conn.cursor()
+            self._begin(cur)
+            try:
+                self._lock_schema(cur)
+                cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+                cur.execute("SELECT MAX(version) FROM schema_version")
+                row = cur.fetchone()
+                current = int(row[0]) if row and row[0] is not None else 0
+                if current > SCHEMA_VERSION:
+                    raise ConfigError(
+                        f"the audit store {self.url} has schema version {current}, newer than this mrtr-keys "
+                        f"({SCHEMA_VERSION}); upgrade mrtr-keys"
+                    )
+                for version in range(current + 1, SCHEMA_VERSION + 1):
+                    for stmt in SQL_MIGRATIONS[version]:
+                        cur.execute(stmt.format(autoinc=self.AUTOINC))
+                    cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (version,))  # noqa: S608
+                self._conn.commit()
+            except BaseException:
+                self._conn.rollback()
+                raise
+
+    def _begin(self, cur: Any) -> None:
+        """Start a write transaction (psycopg starts one implicitly)."""
+
+    def schema_version(self) -> int:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("SELECT MAX(version) FROM schema_version")
+            row = cur.fetchone()
+            self._conn.commit()
+            return int(row[0]) if row and row[0] is not None else 0
+
+    def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
+        if not rows:
+            return
+        p = self.PARAM
+        cols, marks = ", ".join(SQL_COLUMNS), ", ".join([p] * len(SQL_COLUMNS))
+        sql = f"INSERT INTO audit_events ({cols}) VALUES ({marks})"  # noqa: S608 - fixed names, bound values
+        with self._lock:
+            try:
+                cur = self._conn.cursor()
+                self._begin(cur)
+                cur.executemany(sql, rows)
+                self._conn.commit()
+            except self._db_errors as exc:
+                try:
+                    self._conn.rollback()
+                except self._db_errors:
+                    pass
+                raise AuditError(f"cannot write to the audit store {self.url}: {exc}") from None
+
+    def _where(self, q: Query) -> tuple[str, list[Any]]:
+        p = self.PARAM
+        clauses: list[str] = []
+        args: list[Any] = []
+        if q.after_position:
+            clauses.append(f"id > {p}")
+            args.append(q.after_position)
+        if q.since is not None:
+            clauses.append(f"time >= {p}")
+            args.append(q.since)
+        if q.until is not None:
+            clauses.append(f"time < {p}")
+            args.append(q.until)
+        for name, value in q.filters().items():
+            clauses.append(f"{name} = {p}")
+            args.append(value)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            try:
+                cur = self._conn.cursor()
+                cur.execute(sql, tuple(args))
+                rows = list(cur.fetchall())
+                self._conn.commit()
+            except self._db_errors as exc:
+                try:
+                    self._conn.rollback()
+                except self._db_errors:
+                    pass
+                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+        return rows
+
+    def query(self, q: Query) -> list[Record]:
+        where, args = self._where(q)
+        order = " ORDER BY id DESC" if q.newest_first else " ORDER BY id"
+        limit = f" LIMIT {int(q.limit)}" if q.limit is not None else ""
+        rows = [_row_to_record(r) for r in self._fetch(_SELECT + where + order + limit, args)]
+        return rows
+
+    def records(self) -> Iterator[Record]:
+        last = 0
+        while True:
+            rows = self._fetch(_SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT 5000", [last])
+            if not rows:
+                return
+            for row in rows:
+                yield _row_to_record(row)
+            last = int(rows[-1][0])
+
+    def count(self) -> int:
+        return int(self._fetch("SELECT COUNT(*) FROM audit_events", [])[0][0])
+
+    def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
+        if by not in STATS_KEYS:
+            raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")
+        where, args = self._where(q)
+        # `by` is one of STATS_KEYS (checked above); values are bound parameters.
+        sql = f"SELECT {by}, COUNT(*) AS n FROM audit_events{where} GROUP BY {by} ORDER BY n DESC, {by}"  # noqa: S608
+        return [(r[0], int(r[1])) for r in self._fetch(sql, args)]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except self._db_errors:
+                    pass
+                self._conn = None

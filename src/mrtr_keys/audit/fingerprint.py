@@ -1,0 +1,124 @@
+"""Token fingerprints: a keyed hash that lets events for one token be found without storing the token.
+
+``fingerprint = hex(HMAC-SHA256(audit_key, decoded_bytes)[:12])`` (RFC 2104; 96 bits, 24 hex
+characters), where ``decoded_bytes`` is `mrtr_keys.token.decoded_bytes` (the prefix text, ``.``,
+then the base64url-decoded body). Because it is computed over the decoded bytes, two spellings of
+one token (were a decoder ever to accept both) can never get two fingerprints. A text that is not
+a ``PREFIX.BODY`` token is hashed under a separate label (``raw:``) so a garbage retry still has a
+stable fingerprint. Without the audit key nobody can test a guessed token against the log.
+
+The audit key is 32 random bytes in ``audit.key`` beside the key ring (`Keystore.directory`),
+mode 0600, created on first use. Every process that should produce matching fingerprints (all
+instances writing to one PostgreSQL store, say) needs the same file, like the key ring itself.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.token import MAX_TOKEN_CHARS, decoded_bytes
+
+AUDIT_KEY_FILE = "audit.key"
+AUDIT_KEY_BYTES = 32
+FINGERPRINT_BYTES = 12
+_RAW_LABEL = b"raw:"
+
+
+def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) -> bytes:
+    """Read (or create, mode 0600) the audit key in `directory`.
+
+    Raises:
+        ConfigError: the file is not 32 bytes, is accessible by group or others, or cannot be
+            read or created.
+    """
+    path = Path(directory) / AUDIT_KEY_FILE
+    if create and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+        except OSError as exc:
+            raise ConfigError(f"cannot create audit key {path}: {exc.strerror}") from None
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(AUDIT_KEY_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ConfigError(f"cannot read audit key {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        data = f.read(AUDIT_KEY_BYTES + 1)
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"audit key {path} is accessible by group or others; fix with: chmod 600 {path}")
+    if len(data) != AUDIT_KEY_BYTES:
+        raise ConfigError(f"audit key {path} must hold exactly {AUDIT_KEY_BYTES} bytes")
+    return data
+
+
+def fingerprint_input(token: str) -> bytes:
+    """The bytes the fingerprint is computed over: `decoded_bytes(token)`, else ``raw:`` + the text."""
+    decoded = decoded_bytes(token)
+    if decoded is not None:
+        return decoded
+    return _RAW_LABEL + token[:MAX_TOKEN_CHARS].encode("utf-8", "surrogatepass")
+
+
+class Fingerprinter:
+    """`fingerprint(token) -> 24 hex chars` under one audit key (bytes copied; never in repr).
+
+    HMAC-SHA256 (RFC 2104) with the inner and outer hash states precomputed, so each
+    fingerprint costs two small SHA-256 updates.
+    """
+
+    __slots__ = ("_inner", "_key", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != AUDIT_KEY_BYTES:
+            raise ValueError(f"an audit key is {AUDIT_KEY_BYTES} bytes")
+        self._key = bytes(key)
+        block = self._key.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def __repr__(self) -> str:
+        return "Fingerprinter(<audit key>)"
+
+    def key_bytes(self) -> bytes:
+        """The audit key, for handing to the audit writer process through its private pipe only."""
+        return self._key
+
+    def fingerprint(self, token: str) -> str:
+        """Fingerprint of any text (decoded as `fingerprint_input` says)."""
+        return self.of_bytes(fingerprint_input(token))
+
+    def fingerprint_canonical(self, token: str) -> str:
+        """Fingerprint of a token a codec minted or accepted (so canonical): the same value as
+        `fingerprint`, decoded without the strictness checks (the writer's fast path)."""
+        head, dot, body = token.partition(".")
+        if not dot or len(token) > MAX_TOKEN_CHARS or not (head.isascii() and head.isalnum()):
+            return self.fingerprint(token)
+        try:
+            raw = binascii.a2b_base64((body + "=="[: -len(body) % 4]).encode("ascii").translate(_URLSAFE))
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            return self.fingerprint(token)
+        return self.of_bytes(head.encode("ascii") + b"." + raw)
+
+    def of_bytes(self, data: bytes) -> str:
+        """Fingerprint of already-decoded bytes (see `fingerprint_input`)."""
+        inner = self._inner.copy()
+        inner.update(data)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:FINGERPRINT_BYTES].hex()
+
+
+_URLSAFE = bytes.maketrans(b"-_", b"+/")

@@ -1,0 +1,119 @@
+"""`jsonl:///PATH`: the audit log as JSON lines, for log shippers; the CLI reads it too.
+
+One record a line: the event fields, then ``writer``, ``seq``, ``prev_hash``, ``hash`` (the
+format ``mrtr-keys audit export --format jsonl`` writes, so an export verifies like a store).
+A batch is one ``write`` on an ``O_APPEND`` descriptor under an exclusive ``flock``, so
+processes appending at once never interleave lines. The file is created mode 0600. Queries
+scan the file (fine for what a shipper keeps locally; use SQLite or PostgreSQL to query a lot).
+The schema version is the first line's ``{"schema_version": N}``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from mrtr_keys.audit.chain import Record
+from mrtr_keys.audit.events import STATS_KEYS
+from mrtr_keys.audit.store import SCHEMA_VERSION, SQL_COLUMNS, Query
+from mrtr_keys.errors import AuditError, ConfigError
+
+
+class JSONLStore:
+    """The audit log in one JSON-lines file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser().absolute()
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_size == 0:
+                    os.write(fd, (json.dumps({"schema_version": SCHEMA_VERSION}) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise AuditError(f"cannot open the audit store {self.path}: {exc.strerror}") from None
+        version = self.schema_version()
+        if version > SCHEMA_VERSION:
+            raise ConfigError(f"{self.path} has audit schema version {version}; upgrade mrtr-keys")
+
+    @property
+    def url(self) -> str:
+        return "jsonl:///" + str(self.path).lstrip("/")
+
+    def __repr__(self) -> str:
+        return f"JSONLStore({str(self.path)!r})"
+
+    def schema_version(self) -> int:
+        with self.path.open(encoding="utf-8") as f:
+            first = f.readline()
+        try:
+            doc = json.loads(first)
+            return int(doc["schema_version"])
+        except (ValueError, KeyError, TypeError):
+            return SCHEMA_VERSION  # a bare export: records only
+
+    def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
+        if not rows:
+            return
+        dumps = json.JSONEncoder(separators=(",", ":")).encode
+        data = "".join(dumps(dict(zip(SQL_COLUMNS, row, strict=True))) + "\n" for row in rows).encode()
+        with self._lock:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    view = memoryview(data)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise AuditError(f"cannot write to the audit store {self.path}: {exc.strerror}") from None
+
+    def records(self) -> Iterator[Record]:
+        try:
+            f = self.path.open(encoding="utf-8")
+        except OSError as exc:
+            raise AuditError(f"cannot read the audit store {self.path}: {exc.strerror}") from None
+        with f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                    if "schema_version" in doc and "writer" not in doc:
+                        continue
+                    yield Record.from_json(doc, position=n)
+                except (ValueError, KeyError, TypeError):
+                    raise AuditError(f"{self.path}:{n}: not an audit record") from None
+
+    def query(self, q: Query) -> list[Record]:
+        out = [r for r in self.records() if q.matches(r)]
+        if q.newest_first:
+            out.reverse()
+        return out[: q.limit] if q.limit is not None else out
+
+    def count(self) -> int:
+        return sum(1 for _ in self.records())
+
+    def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
+        if by not in STATS_KEYS:
+            raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")
+        counts: dict[str | None, int] = {}
+        for r in self.records():
+            if q.matches(r):
+                key = getattr(r.event, by)
+                counts[key] = counts.get(key, 0) + 1
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] or ""))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,121 @@
+"""`AuditObserver`: the `CodecObserver` (mrtr_keys/codecs/observe.py) that feeds the audit sink.
+
+Its per-token methods only build a small list and append it to the sink's queue (see
+`mrtr_keys.audit.sink`); fingerprinting and writing happen in the writer thread. `ring_loaded`
+writes synchronously: an instance's ``ring-loaded`` event is in the store before the codec's
+construction (or reload) returns, which the promote gate (`mrtr_keys.audit.gates`) relies on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Literal
+
+from mrtr_keys.audit import sdk_capture
+from mrtr_keys.audit.events import OK, OP_RING_LOADED, REJECTED, AuditEvent, format_ts, instance_id
+from mrtr_keys.audit.sink import AuditSink, shared_sink
+from mrtr_keys.errors import AuditError
+
+logger = logging.getLogger("mrtr_keys.audit")
+_now = time.time
+_local = sdk_capture.local
+_CODEC_REJECTED = sdk_capture.CODEC_REJECTED
+
+
+class AuditObserver:
+    """Records every seal and unseal of one codec (one audience) into `sink`.
+
+    Args:
+        sink: the process's `AuditSink` for the store.
+        audience: the codec's audience (recorded on every event).
+        strict: `ring_loaded` raises `AuditError` when the store cannot be written (else it logs).
+    """
+
+    __slots__ = ("__weakref__", "audience", "generation", "kid", "sink", "strict")
+
+    def __init__(self, sink: AuditSink, *, audience: str, strict: bool = False) -> None:
+        self.sink = sink
+        self.audience = audience
+        self.generation: int | None = None
+        self.kid: str | None = None
+        self.strict = strict
+
+    def __repr__(self) -> str:
+        return f"AuditObserver(audience={self.audience!r}, store={self.sink.store.url!r})"
+
+    def sealed(self, kid: str, token: str) -> None:
+        self.sink.submit(["seal", OK, kid, token, None, _now(), self.audience, self.generation, None, None])
+
+    def unsealed(self, kid: str, token: str) -> None:
+        item = ["unseal", OK, kid, token, None, _now(), self.audience, self.generation, None, None]
+        self.sink.submit(item)
+        _local.last = (self, item)
+
+    def rejected(self, kid: str | None, token: str, reason: str) -> None:
+        self.sink.submit(["unseal", REJECTED, kid, token, reason, _now(), self.audience, self.generation, None, None])
+        _local.last = _CODEC_REJECTED
+
+    def ring_loaded(self, generation: int, kid: str | None = None) -> None:
+        """Record that this instance now uses key ring `generation` (primary `kid`), synchronously,
+        once per instance, store and generation.
+
+        Raises:
+            AuditError: the store cannot be written and `strict` is set.
+        """
+        self.generation, self.kid = generation, kid
+        done = _loaded.setdefault((id(self.sink), self.audience, os.getpid()), set())
+        if generation in done:
+            return
+        event = AuditEvent(
+            time=format_ts(_now()),
+            instance=instance_id(),
+            op=OP_RING_LOADED,
+            audience=self.audience,
+            kid=kid,
+            generation=generation,
+        )
+        try:
+            self.sink.write_now([event])
+        except AuditError as exc:
+            if self.strict:
+                raise
+            logger.warning("could not record ring-loaded (generation %d): %s", generation, exc)
+            return
+        done.add(generation)
+
+
+_loaded: dict[tuple[int, str, int], set[int]] = {}
+
+
+def observer_for(
+    directory: str | os.PathLike[str] | None,
+    *,
+    audience: str,
+    audit: str | Literal[False] | None = None,
+    strict: bool = False,
+) -> AuditObserver | None:
+    """The observer for a codec whose key ring lives in `directory`, or None when auditing is off.
+
+    `audit`: None for ``MRTR_KEYS_AUDIT`` else the default SQLite file beside the ring; a store
+    URL; or False (off). Installs the SDK rejection capture (`mrtr_keys.audit.sdk_capture`).
+
+    Raises:
+        ConfigError: a bad URL or audit key; AuditError: the store cannot be opened.
+    """
+    from mrtr_keys.audit.url import resolve_url
+
+    url = resolve_url(audit, directory)
+    if url is None or directory is None:
+        return None
+    observer = AuditObserver(shared_sink(url, directory), audience=audience, strict=strict)
+    sdk_capture.install(observer)
+    return observer
+
+
+def notify_ring_loaded(observer: object, generation: int | None, kid: str | None = None) -> None:
+    """Call `observer.ring_loaded(generation, kid)` if the observer has one (codec hook helper)."""
+    hook = getattr(observer, "ring_loaded", None)
+    if hook is not None and generation is not None:
+        hook(generation, kid)

@@ -1,0 +1,51 @@
+"""`postgresql://...`: the audit log in PostgreSQL (psycopg 3), for fleets writing to one place.
+
+Every instance appends its own hash chain; the schema is created and migrated on first open
+under a transaction-scoped advisory lock, so instances starting together do not race. Needs
+the ``postgres`` extra (``pip install 'mrtr-keys[postgres]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+from mrtr_keys.audit._sql import SQLStore
+from mrtr_keys.errors import AuditError, ConfigError
+
+_MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by ``***``."""
+    parsed = urlparse(url)
+    if parsed.password is None:
+        return url
+    netloc = parsed.netloc.replace(":" + parsed.password + "@", ":***@", 1)
+    return urlunparse(parsed._replace(netloc=netloc))
+
+
+class PostgresStore(SQLStore):
+    """The audit log in a PostgreSQL database (tables ``audit_events`` and ``schema_version``)."""
+
+    PARAM = "%s"
+    AUTOINC = "BIGSERIAL PRIMARY KEY"
+
+    def __init__(self, url: str) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise ConfigError("the postgresql audit store needs psycopg: pip install 'mrtr-keys[postgres]'") from None
+        self._psycopg = psycopg
+        self._dsn = url
+        self._db_errors = (psycopg.Error,)
+        super().__init__(redact(url))
+
+    def _connect(self) -> Any:
+        try:
+            return self._psycopg.connect(self._dsn, connect_timeout=10)
+        except self._psycopg.Error as exc:
+            raise AuditError(f"cannot connect to the audit store {self.url}: {exc}") from None
+
+    def _lock_schema(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))

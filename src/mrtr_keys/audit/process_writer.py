@@ -1,0 +1,222 @@
+"""The parent's handle on one audit writer process (`mrtr_keys.audit.writer_process`).
+
+`ChildWriter` starts ``python -m mrtr_keys.audit.writer_process`` with two pipes, hands it the store
+URL and the audit key through its stdin (never argv or the environment), ships batches of sink
+items as `marshal` frames, and runs one small thread that reads the child's status frames
+(acknowledgements with counts, or the store's error while it retries) and reaps it when it exits.
+
+Batches shipped but not yet acknowledged when the child dies are reported to `on_exit` as lost
+(at most: the child may have stored the last one just before it died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mrtr_keys.audit.writer_process import HEADER, PROTOCOL
+
+MODULE = "mrtr_keys.audit.writer_process"
+PIPE_BYTES = 1 << 20
+"""Requested pipe capacity (Linux ``F_SETPIPE_SZ``; capped by /proc/sys/fs/pipe-max-size)."""
+
+_forgotten: list[subprocess.Popen[bytes]] = []
+
+
+def _package_root() -> str:
+    import mrtr_keys
+
+    return str(Path(mrtr_keys.__file__).resolve().parent.parent)
+
+
+class ChildWriter:
+    """One writer process (see the module docstring).
+
+    Args:
+        url: the store URL (may carry a password; sent through the pipe only).
+        key: the 32-byte audit key. `instance`: the parent's instance id (the events' ``instance``).
+        writer: the child's chain id. `on_ack(n)`: n events stored. `on_error(message)`: the store
+            cannot be written (the child retries). `on_exit(lost, message)`: the child ended;
+            `lost` events were shipped but not acknowledged.
+
+    Raises:
+        OSError: the process cannot be started.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        key: bytes,
+        *,
+        instance: str,
+        writer: str,
+        on_ack: Callable[[int], None],
+        on_error: Callable[[str], None],
+        on_exit: Callable[[int, str], None],
+    ) -> None:
+        self.writer = writer
+        self._on_ack, self._on_error, self._on_exit = on_ack, on_error, on_exit
+        env = dict(os.environ)
+        root = _package_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            close_fds=True,
+            env=env,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
+        self._w = self._stdin.fileno()
+        self._r = self._stdout.fileno()
+        with contextlib.suppress(AttributeError, OSError):
+            import fcntl
+
+            fcntl.fcntl(self._w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self.sent = 0
+        self.acked = 0
+        self.error: str | None = None
+        self.alive = True
+        self._pending: dict[int, int] = {}
+        self._errors_seen = 0
+        self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer)))
+        self._thread = threading.Thread(target=self._read_status, name=f"mrtr-keys-audit-status-{writer}", daemon=True)
+        self._thread.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def __repr__(self) -> str:
+        return f"ChildWriter(pid={self.proc.pid}, writer={self.writer!r}, sent={self.sent}, acked={self.acked})"
+
+    # -- shipping ---------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        fd = self._w
+        os.write(fd, HEADER.pack(len(data)))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def send(self, items: list[list[Any]]) -> int:
+        """Ship one batch (blocks while the pipe is full: the child is behind). Returns its seq.
+
+        Raises:
+            OSError: the child is gone (the batch is not counted as pending; the caller counts it).
+        """
+        with self._send_lock:
+            data = marshal.dumps((self.sent + 1, items))
+            with self._cond:
+                if not self.alive:
+                    raise BrokenPipeError("the audit writer process has exited")
+                self.sent += 1
+                seq = self.sent
+                self._pending[seq] = len(items)
+            try:
+                self._write(data)
+            except OSError:
+                with self._cond:
+                    self._pending.pop(seq, None)
+                raise
+            return seq
+
+    def wait_acked(self, seq: int, timeout: float) -> bool:
+        """Wait until batch `seq` is stored. False on timeout, if the child died, or if it reported
+        a store error after this call began (it keeps retrying; do not wait for it)."""
+        with self._cond:
+            errors = self._errors_seen
+            return self._cond.wait_for(
+                lambda: self.acked >= seq or not self.alive or self._errors_seen > errors, timeout
+            ) and (self.acked >= seq)
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def _read_status(self) -> None:
+        buf = bytearray()
+        fd = self._r
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= 4:
+                (n,) = HEADER.unpack_from(buf)
+                if len(buf) < 4 + n:
+                    break
+                seq, count, error = marshal.loads(bytes(buf[4 : 4 + n]))  # noqa: S302 - our own child
+                del buf[: 4 + n]
+                self._status(seq, count, error)
+        code = self.proc.wait()
+        with self._cond:
+            self.alive = False
+            lost = sum(self._pending.values())
+            self._pending.clear()
+            self._cond.notify_all()
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        with contextlib.suppress(OSError):
+            self._stdout.close()
+        self._on_exit(lost, f"the audit writer process {self.proc.pid} exited ({how})")
+
+    def _status(self, seq: int, count: int, error: str | None) -> None:
+        if error is not None:
+            with self._cond:
+                self.error = error
+                self._errors_seen += 1
+                self._cond.notify_all()
+            self._on_error(error)
+            return
+        with self._cond:
+            for s in [s for s in self._pending if s <= seq]:
+                del self._pending[s]
+            self.acked = max(self.acked, seq)
+            self.error = None
+            self._cond.notify_all()
+        self._on_ack(count)
+
+    # -- ending -----------------------------------------------------------------------------------
+
+    def close(self, timeout: float) -> bool:
+        """Close the pipe (the child stores what it has and exits); kill it after `timeout` s.
+        True if it exited by itself."""
+        clean = True
+        if not self._send_lock.acquire(timeout=timeout):  # a send is stuck: the child stopped reading
+            self.proc.kill()
+            self._send_lock.acquire()
+            clean = False
+        try:
+            with contextlib.suppress(OSError):
+                self._stdin.close()
+        finally:
+            self._send_lock.release()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            clean = False
+        self._thread.join(timeout)
+        return clean
+
+    def forget(self) -> None:
+        """In a forked child of the parent: drop the inherited pipe ends without touching the
+        writer (it still belongs to the parent)."""
+        for f in (self._stdin, self._stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+        self.alive = False
+        _forgotten.append(self.proc)  # never reaped or waited on here

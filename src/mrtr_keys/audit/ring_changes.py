@@ -1,0 +1,95 @@
+"""Key ring changes as audit events: a listener for `mrtr_keys.changes.add_change_listener`.
+
+Each saved change (``init``, ``begin``, ``promote``, ``retire``, ``rewrap``, ``audience``) becomes
+one event, written synchronously: ``kid`` is the key the step is about (the new key for init,
+begin and promote, the old one for retire), ``generation`` the ring's generation after the
+change, ``reason`` is ``forced`` for a step run with ``--force`` past a gate (or ``added`` /
+``removed`` for an audience change, whose name is in ``audience``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Literal
+
+from mrtr_keys.audit.events import FORCED, AuditEvent, format_ts, instance_id
+from mrtr_keys.errors import AuditError
+
+if TYPE_CHECKING:
+    from mrtr_keys.changes import ChangeResult
+    from mrtr_keys.keyring import KeyRing
+    from mrtr_keys.keystores import Keystore
+
+
+def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
+    """The audit event for one saved change."""
+    details = result.details
+    op = result.op
+    audience: str | None = None
+    reason: str | None = FORCED if result.forced else None
+    if op == "retire":
+        kid = details.get("old")
+    elif op == "audience":
+        kid = None
+        if "added" in details:
+            audience, reason = str(details["added"]), reason or "added"
+        elif "removed" in details:
+            audience, reason = str(details["removed"]), reason or "removed"
+    elif op == "rewrap":
+        rewrapped = details.get("rewrapped") or []
+        kid = ",".join(str(k) for k in rewrapped) or None
+    else:
+        kid = details.get("new") or result.ring.primary.kid
+    return AuditEvent(
+        time=format_ts(time.time() if now is None else now),
+        instance=instance_id(),
+        op=op,
+        kid=None if kid is None else str(kid),
+        audience=audience,
+        reason=reason,
+        generation=result.ring.generation,
+    )
+
+
+def change_listener(audit: str | Literal[False] | None = None) -> ChangeListenerType:
+    """A listener recording every saved change in the store `audit` names (see
+    `mrtr_keys.audit.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
+
+    The listener raises `AuditError` if the store cannot be written (the change itself is
+    already saved; the message says so).
+    """
+    from mrtr_keys.audit.sink import shared_sink
+    from mrtr_keys.audit.url import resolve_url
+
+    def listener(result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
+        url = resolve_url(audit, keystore.directory)
+        if url is None:
+            return
+        try:
+            shared_sink(url, keystore.directory).write_now([change_event(result)])
+        except AuditError as exc:
+            raise AuditError(
+                f"the {result.op} was saved (generation {result.ring.generation}) but not recorded in the "
+                f"audit log: {exc}"
+            ) from None
+
+    return listener
+
+
+if TYPE_CHECKING:
+    from mrtr_keys.changes import ChangeListener as ChangeListenerType
+else:
+    ChangeListenerType = object
+
+_installed: set[object] = set()
+
+
+def install(audit: str | Literal[False] | None = None) -> None:
+    """Register `change_listener(audit)` once per process (the CLI calls this at start)."""
+    from mrtr_keys.changes import add_change_listener
+
+    key = audit
+    if key in _installed:
+        return
+    _installed.add(key)
+    add_change_listener(change_listener(audit))

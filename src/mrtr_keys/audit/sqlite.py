@@ -1,0 +1,89 @@
+"""`sqlite:///PATH`: the embedded default store, a file beside the key ring, in WAL mode.
+
+WAL lets the CLI read while codecs and the sidecar write, and several processes append at
+once (each waits up to `BUSY_TIMEOUT_MS` for the write lock). The file is created mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from mrtr_keys.audit._sql import SQLStore
+from mrtr_keys.errors import AuditError, ConfigError
+
+BUSY_TIMEOUT_MS = 10_000
+DEFAULT_FILE = "audit.db"
+
+
+def path_from_url(url: str) -> Path:
+    """``sqlite:///abs/path`` or ``sqlite:relative/path`` -> a path.
+
+    Raises:
+        ConfigError: no path.
+    """
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise ConfigError("a sqlite audit URL names a local file: sqlite:///PATH")
+    path = unquote(parsed.path)
+    if not path:
+        raise ConfigError("a sqlite audit URL needs a path: sqlite:///PATH")
+    return Path(path)
+
+
+class SQLiteStore(SQLStore):
+    """The audit log in one SQLite file (WAL, mode 0600)."""
+
+    PARAM = "?"
+    AUTOINC = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    _db_errors = (sqlite3.Error,)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser().absolute()
+        super().__init__("sqlite:///" + str(self.path).lstrip("/"))
+
+    def _connect(self) -> Any:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None
+            )
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except (OSError, sqlite3.Error) as exc:
+            raise AuditError(f"cannot open the audit store {self.path}: {exc}") from None
+        return _AutoTx(conn)
+
+    def _begin(self, cur: Any) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+
+
+class _AutoTx:
+    """A sqlite3 connection in autocommit mode with explicit BEGIN, giving commit/rollback that are
+    no-ops outside a transaction (so reads need no transaction and writes take the lock up front)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def cursor(self) -> sqlite3.Cursor:
+        return self._conn.cursor()
+
+    def execute(self, sql: str) -> sqlite3.Cursor:
+        return self._conn.execute(sql)
+
+    def commit(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,158 @@
+"""The store contract every audit backend (SQLite, PostgreSQL, JSONL) implements, and the query shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from mrtr_keys.audit.chain import Record
+
+SCHEMA_VERSION = 1
+"""The schema this code writes; stores migrate older ones on open (see `SQL_MIGRATIONS`)."""
+
+FILTER_FIELDS = ("kid", "audience", "op", "outcome", "reason", "client", "instance", "fingerprint")
+
+
+@dataclass(frozen=True)
+class Query:
+    """A filter over events. Times are event time strings (`mrtr_keys.audit.events.format_ts`).
+
+    `since` is inclusive, `until` exclusive; `after_position` skips records up to that storage
+    position (for ``tail -f``); `limit` with `newest_first` gives the newest N.
+    """
+
+    since: str | None = None
+    until: str | None = None
+    kid: str | None = None
+    audience: str | None = None
+    op: str | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    client: str | None = None
+    instance: str | None = None
+    fingerprint: str | None = None
+    after_position: int = 0
+    limit: int | None = None
+    newest_first: bool = False
+
+    def filters(self) -> dict[str, str]:
+        """The equality filters that are set."""
+        return {f: v for f in FILTER_FIELDS if (v := getattr(self, f)) is not None}
+
+    def matches(self, r: Record) -> bool:
+        """True if `r` passes every filter (the JSONL store's in-memory evaluation)."""
+        ev = r.event
+        if r.position <= self.after_position:
+            return False
+        if self.since is not None and ev.time < self.since:
+            return False
+        if self.until is not None and ev.time >= self.until:
+            return False
+        return all(getattr(ev, f) == v for f, v in self.filters().items())
+
+
+class AuditStore(Protocol):
+    """Where audit records live. Implementations are thread-safe."""
+
+    @property
+    def url(self) -> str:
+        """The store's URL with any password removed."""
+        ...
+
+    def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
+        """Store rows (values in `SQL_COLUMNS` order, as `ChainWriter.link_values` makes them) in
+        order, atomically (all or none).
+
+        Raises:
+            AuditError: the store cannot be written.
+        """
+        ...
+
+    def query(self, q: Query) -> list[Record]:
+        """Matching records, oldest first (or newest first with `q.newest_first`)."""
+        ...
+
+    def records(self) -> Iterator[Record]:
+        """Every record in storage order (for verify, checkpoint and export)."""
+        ...
+
+    def count(self) -> int:
+        """How many records the store holds."""
+        ...
+
+    def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
+        """(value of `by`, count) for records matching `q`, most frequent first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+SQL_COLUMNS = (
+    "time",
+    "instance",
+    "client",
+    "audience",
+    "kid",
+    "op",
+    "outcome",
+    "reason",
+    "fingerprint",
+    "generation",
+    "duration_ms",
+    "writer",
+    "seq",
+    "prev_hash",
+    "hash",
+)
+
+SQL_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE audit_events (
+            id {autoinc},
+            time TEXT NOT NULL,
+            instance TEXT NOT NULL,
+            client TEXT,
+            audience TEXT,
+            kid TEXT,
+            op TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            reason TEXT,
+            fingerprint TEXT,
+            generation BIGINT,
+            duration_ms DOUBLE PRECISION,
+            writer TEXT NOT NULL,
+            seq BIGINT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        )""",
+        "CREATE INDEX audit_events_time ON audit_events (time)",
+        "CREATE INDEX audit_events_kid_time ON audit_events (kid, time)",
+        "CREATE INDEX audit_events_op_time ON audit_events (op, time)",
+        "CREATE INDEX audit_events_fingerprint ON audit_events (fingerprint)",
+    ),
+}
+"""The one SQL schema (SQLite and PostgreSQL), as numbered migrations; ``schema_version`` holds the
+number applied. ``{autoinc}`` is each dialect's auto-increment primary key."""
+
+
+def record_row(r: Record) -> tuple[object, ...]:
+    """A `Record` as a row in `SQL_COLUMNS` order."""
+    e = r.event
+    return (
+        e.time,
+        e.instance,
+        e.client,
+        e.audience,
+        e.kid,
+        e.op,
+        e.outcome,
+        e.reason,
+        e.fingerprint,
+        e.generation,
+        e.duration_ms,
+        r.writer,
+        r.seq,
+        r.prev_hash,
+        r.hash,
+    )

@@ -1,0 +1,69 @@
+"""Choosing the audit store: ``--audit URL`` / ``MRTR_KEYS_AUDIT``, else a SQLite file beside the ring.
+
+URLs: ``sqlite:///PATH``, ``postgresql://USER@HOST:PORT/DB`` (or ``postgres://``),
+``jsonl:///PATH``; ``off`` (or ``none``, ``false``, ``0``) turns auditing off.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+from urllib.parse import unquote, urlparse
+
+from mrtr_keys.audit.store import AuditStore
+from mrtr_keys.errors import ConfigError
+
+ENV_AUDIT = "MRTR_KEYS_AUDIT"
+OFF_VALUES = frozenset({"off", "none", "false", "0", "no"})
+DEFAULT_FILE = "audit.db"
+
+
+def default_url(directory: str | os.PathLike[str]) -> str:
+    """The default store: ``sqlite:///DIRECTORY/audit.db`` (the key ring's directory)."""
+    return "sqlite:///" + str(Path(directory).expanduser().absolute() / DEFAULT_FILE).lstrip("/")
+
+
+def resolve_url(audit: str | Literal[False] | None, directory: str | os.PathLike[str] | None) -> str | None:
+    """The store URL to use, or None for off.
+
+    `audit` False or an off word: off. A URL: that. None: ``MRTR_KEYS_AUDIT`` if set, else the
+    default beside `directory` (None if there is no directory).
+    """
+    if audit is False:
+        return None
+    value = audit if audit is not None else os.environ.get(ENV_AUDIT) or None
+    if value is not None:
+        value = value.strip()
+        if value.lower() in OFF_VALUES:
+            return None
+        if value:
+            return value
+    return default_url(directory) if directory is not None else None
+
+
+def open_store(url: str) -> AuditStore:
+    """Open (creating and migrating its schema) the store at `url`.
+
+    Raises:
+        ConfigError: unknown scheme or bad URL; AuditError: the store cannot be opened.
+    """
+    scheme = url.partition(":")[0].lower()
+    if scheme == "sqlite":
+        from mrtr_keys.audit.sqlite import SQLiteStore, path_from_url
+
+        return SQLiteStore(path_from_url(url))
+    if scheme in ("postgresql", "postgres"):
+        from mrtr_keys.audit.postgres import PostgresStore
+
+        return PostgresStore(url)
+    if scheme == "jsonl":
+        from mrtr_keys.audit.jsonl import JSONLStore
+
+        parsed = urlparse(url)
+        if parsed.netloc not in ("", "localhost") or not parsed.path:
+            raise ConfigError("a jsonl audit URL names a local file: jsonl:///PATH")
+        return JSONLStore(unquote(parsed.path))
+    if "://" not in url and url.endswith((".jsonl", ".db", ".sqlite")):
+        raise ConfigError(f"audit store {url!r}: write it as a URL, e.g. sqlite:///{url} or jsonl:///{url}")
+    raise ConfigError(f"unknown audit store {url!r} (sqlite:///PATH, postgresql://..., jsonl:///PATH, or off)")

@@ -1,0 +1,216 @@
+"""The audit writer process: fingerprints, chains and stores the batches an `AuditSink` ships to it.
+
+Run as ``python -m mrtr_keys.audit.writer_process`` by `mrtr_keys.audit.process_writer.ChildWriter`
+(never by hand). It imports only the audit modules and the store driver it needs (no MCP SDK, no
+web framework), so it starts in a few tens of milliseconds.
+
+Protocol (all frames are a 4-byte little-endian length, then `marshal` data; `marshal` is the
+stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from our own parent):
+
+* parent -> child, on stdin: first ``(PROTOCOL, url, audit_key, instance, writer)``, then batches
+  ``(seq, items)`` where each item is the sink's item list (see `mrtr_keys.audit.sink`). The audit
+  key and the store URL (which may hold a password) travel only through this inherited pipe,
+  never on the command line or in the environment.
+* child -> parent, on its stdout: ``(seq, n, error)`` status frames: after each committed
+  transaction (``seq`` = the newest batch it covered, ``n`` = events stored, ``error`` None), and
+  ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
+  chain stays gap-free, and meanwhile stops reading, so the parent's queue fills and drops).
+
+The child exits by itself on EOF (the parent closed the pipe or died), after storing every batch
+it has read. It ignores SIGINT (a Ctrl-C in the terminal reaches the whole process group; the
+parent decides when it ends). If the parent is gone while the store stays unwritable, it gives up
+after `ORPHAN_GIVE_UP` seconds.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import select
+import signal
+import struct
+import sys
+import time
+from typing import Any
+
+PROTOCOL = 1
+HEADER = struct.Struct("<I")
+MAX_TX_EVENTS = 20_000
+"""Most events per store transaction (queued batches are merged up to this)."""
+READ_CHUNK = 1 << 20
+MAX_BUFFERED = 16 << 20
+"""Bytes read ahead from the pipe before the child stops to write."""
+ORPHAN_GIVE_UP = 30.0
+RETRY_MIN, RETRY_MAX = 0.05, 1.0
+
+# Item layout, as in mrtr_keys.audit.sink (kept here so the child imports nothing more).
+OP, OUTCOME, KID, TOKEN, REASON, TIME, AUDIENCE, GENERATION, CLIENT, DURATION = range(10)
+_OK = "ok"
+
+
+def item_values(
+    items: list[list[Any]], instance: str, fingerprinter: Any, cache: dict[str, str] | None = None
+) -> list[tuple[object, ...]]:
+    """Sink items -> event value tuples in `FIELDS` order (fingerprinting the tokens).
+
+    `cache` (token -> fingerprint, for tokens a codec minted or accepted) saves the second HMAC
+    when a batch holds both the seal and the unseal of one token; the caller bounds its size.
+    """
+    from mrtr_keys.audit.events import format_ts
+
+    fp_ok = fingerprinter.fingerprint_canonical
+    fp_any = fingerprinter.fingerprint
+    out: list[tuple[object, ...]] = []
+    append = out.append
+    for x in items:
+        token = x[TOKEN]
+        if token is None:
+            fp = None
+        elif x[OUTCOME] == _OK:
+            if cache is None:
+                fp = fp_ok(token)
+            else:
+                fp = cache.get(token)
+                if fp is None:
+                    fp = cache[token] = fp_ok(token)
+        else:
+            fp = fp_any(token)
+        dur = x[DURATION]
+        append(
+            (
+                format_ts(x[TIME]),
+                instance,
+                x[CLIENT],
+                x[AUDIENCE],
+                x[KID],
+                x[OP],
+                x[OUTCOME],
+                x[REASON],
+                fp,
+                x[GENERATION],
+                None if dur is None else round(float(dur), 3),
+            )
+        )
+    return out
+
+
+class _Frames:
+    """Length-prefixed marshal frames from a pipe, read ahead into one buffer."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+        self.eof = False
+
+    def _read(self) -> None:
+        chunk = os.read(self.fd, READ_CHUNK)
+        if chunk:
+            self.buf += chunk
+        else:
+            self.eof = True
+
+    def _complete(self) -> bool:
+        buf = self.buf
+        return len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]
+
+    def take(self) -> list[Any]:
+        """Every complete frame (decoded), blocking until there is at least one or EOF."""
+        while not self._complete() and not self.eof:
+            self._read()
+        while not self.eof and len(self.buf) < MAX_BUFFERED and select.select([self.fd], [], [], 0)[0]:
+            self._read()
+        out: list[Any] = []
+        buf, off = self.buf, 0
+        while len(buf) - off >= 4:
+            (n,) = HEADER.unpack_from(buf, off)
+            if len(buf) - off - 4 < n:
+                break
+            with memoryview(buf)[off + 4 : off + 4 + n] as view:
+                out.append(marshal.loads(view))  # noqa: S302 - only our parent writes this pipe
+            off += 4 + n
+        del buf[:off]
+        return out
+
+
+def _report(fd: int, seq: int, n: int, error: str | None) -> None:
+    data = marshal.dumps((seq, n, error))
+    try:
+        os.write(fd, HEADER.pack(len(data)) + data)
+    except OSError:  # the parent is gone; carry on storing what we have
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    from mrtr_keys.errors import AuditError, ConfigError
+
+    return str(exc) if isinstance(exc, (AuditError, ConfigError)) else f"{type(exc).__name__}: {exc}"
+
+
+def main() -> int:
+    """Serve one parent until EOF (see the module docstring). Returns the exit status."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status_fd = os.dup(1)
+    os.dup2(2, 1)  # a stray print must not corrupt the status pipe
+    parent = os.getppid()
+    frames = _Frames(0)
+    first = frames.take()
+    if not first:
+        return 0
+    proto, url, key, instance, writer = first.pop(0)
+    if proto != PROTOCOL:
+        _report(status_fd, 0, 0, f"audit writer protocol {proto} is not {PROTOCOL}")
+        return 2
+
+    from mrtr_keys.audit.chain import ChainWriter
+    from mrtr_keys.audit.fingerprint import Fingerprinter
+    from mrtr_keys.audit.url import open_store
+
+    fingerprinter = Fingerprinter(key)
+    del key
+    chain = ChainWriter(writer)
+    store: Any = None
+    cache: dict[str, str] = {}
+    pending = first
+    while True:
+        if not pending:
+            if frames.eof:
+                break
+            pending = frames.take()
+            continue
+        # Merge queued batches into transactions of at most MAX_TX_EVENTS events.
+        seq, items = pending.pop(0)
+        while pending and len(items) + len(pending[0][1]) <= MAX_TX_EVENTS:
+            seq, more = pending.pop(0)
+            items.extend(more)
+        if len(cache) > 4 * MAX_TX_EVENTS:
+            cache.clear()
+        values = item_values(items, instance, fingerprinter, cache)
+        delay, failing_since = RETRY_MIN, 0.0
+        while True:
+            try:
+                if store is None:
+                    store = open_store(url)
+                rows = chain.link_values(values)
+                try:
+                    store.append_rows(rows)
+                except BaseException:
+                    chain.rollback()
+                    raise
+                break
+            except Exception as exc:
+                _report(status_fd, 0, 0, _describe(exc))
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if os.getppid() != parent and now - failing_since > ORPHAN_GIVE_UP:
+                    print(f"mrtr-keys audit writer: parent gone, giving up on {len(values)} events", file=sys.stderr)
+                    return 1
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+        _report(status_fd, seq, len(values), None)
+    if store is not None:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""`mrtr-keys audit tail|query|stats|verify|checkpoint|export|fingerprint`: read the token audit log.
+
+The store is ``--audit URL`` / ``MRTR_KEYS_AUDIT``, else ``audit.db`` beside the key ring
+(docs/audit.md). People get rich tables; ``--json`` gives a JSON array of events (the fields of
+`mrtr_keys.audit.events.FIELDS`), or of ``{key, count}`` rows for ``stats``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
+
+if TYPE_CHECKING:
+    from mrtr_keys.audit.gates import Gate
+    from mrtr_keys.audit.store import AuditStore, Query
+    from mrtr_keys.keystores import Keystore
+
+app = typer.Typer(help="The token audit log: every seal, unseal and key ring change.", no_args_is_help=True)
+
+AuditOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit",
+        envvar="MRTR_KEYS_AUDIT",
+        help="Audit store: sqlite:///PATH, postgresql://..., jsonl:///PATH or off [default: audit.db beside the ring].",
+        show_default=False,
+    ),
+]
+SinceOpt = Annotated[str | None, typer.Option("--since", help="From this time: 1h, 15m, 2d, or ISO 8601.")]
+UntilOpt = Annotated[str | None, typer.Option("--until", help="Before this time: 1h, 15m, 2d, or ISO 8601.")]
+
+_root_audit: str | None = None
+
+
+def configure(audit: str | None) -> None:
+    """Called by the root command: remember ``--audit`` and record key ring changes in that store."""
+    global _root_audit
+    import os
+
+    from mrtr_keys.audit import ring_changes
+    from mrtr_keys.audit.url import ENV_AUDIT
+
+    _root_audit = audit
+    if audit is not None:
+        os.environ[ENV_AUDIT] = audit  # so codecs, the sidecar and its workers use the same store
+    ring_changes.install(audit)
+
+
+def _keystore(location: str | None) -> Keystore:
+    from mrtr_keys.keystores import open_keystore
+
+    return open_keystore(location)
+
+
+def store_url(audit: str | None, keystore: Keystore) -> str | None:
+    """The audit store URL for this run, or None when auditing is off."""
+    from mrtr_keys.audit.url import resolve_url
+
+    return resolve_url(audit if audit is not None else _root_audit, keystore.directory)
+
+
+def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) -> AuditStore:
+    from mrtr_keys.audit.sqlite import path_from_url
+    from mrtr_keys.audit.url import open_store
+    from mrtr_keys.errors import ConfigError
+
+    url = store_url(audit, _keystore(keystore_))
+    if url is None:
+        raise ConfigError("auditing is off (--audit off / MRTR_KEYS_AUDIT=off): there is no audit log to read")
+    scheme = url.partition(":")[0].lower()
+    if must_exist and scheme in ("sqlite", "jsonl"):
+        path = path_from_url(url.replace("jsonl:", "sqlite:", 1))
+        if not path.exists():
+            raise ConfigError(f"no audit log at {path} (nothing recorded yet, or use --audit URL)")
+    return open_store(url)
+
+
+def rotation_gate_for(keystore: Keystore, *, window: float | None = None) -> Gate | None:
+    """The audit log's rotation gate for `keystore`, or None when there is no audit store (no gate)."""
+    from mrtr_keys.audit.gates import DEFAULT_WINDOW_SECONDS, rotation_gate
+    from mrtr_keys.audit.sqlite import path_from_url
+    from mrtr_keys.audit.url import open_store
+
+    url = store_url(None, keystore)
+    if url is None:
+        return None
+    if url.startswith("sqlite:") and not path_from_url(url).exists():
+        return None  # nothing was ever recorded: behave as before the audit log existed
+    return rotation_gate(open_store(url), window=DEFAULT_WINDOW_SECONDS if window is None else window)
+
+
+def _query(
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    kid: str | None = None,
+    audience: str | None = None,
+    op: str | None = None,
+    outcome: str | None = None,
+    reason: str | None = None,
+    client: str | None = None,
+    instance: str | None = None,
+    fingerprint: str | None = None,
+    limit: int | None = None,
+    newest_first: bool = False,
+) -> Query:
+    from mrtr_keys.audit.events import parse_when
+    from mrtr_keys.audit.store import Query
+
+    return Query(
+        since=parse_when(since) if since else None,
+        until=parse_when(until) if until else None,
+        kid=kid,
+        audience=audience,
+        op=op,
+        outcome=outcome,
+        reason=reason,
+        client=client,
+        instance=instance,
+        fingerprint=fingerprint,
+        limit=limit,
+        newest_first=newest_first,
+    )
+
+
+def _print_events(events: list[dict[str, Any]], json_: bool, title: str | None = None) -> None:
+    from mrtr_keys.audit.events import FIELDS
+    from mrtr_keys.cli.output import print_json, print_table
+
+    if json_:
+        print_json(events)
+        return
+    print_table(title, FIELDS, [[e[f] for f in FIELDS] for e in events])
+
+
+@app.command("tail")
+def tail(
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="How many of the newest events to show.")] = 20,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new events (Ctrl-C stops).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between polls with -f.")] = 0.5,
+    json_: JsonOpt = False,
+) -> None:
+    """Show the newest events; with -f keep following (with --json: one JSON object a line)."""
+    from mrtr_keys.audit.store import Query
+
+    store = _open(audit, keystore_)
+    recent = list(reversed(store.query(Query(newest_first=True, limit=max(lines, 0)))))
+    events = [r.event.to_json() for r in recent]
+    last = max((r.position for r in recent), default=0)
+    if not follow:
+        _print_events(events, json_, "audit log (newest last)")
+        return
+    if last == 0:
+        newest = store.query(Query(newest_first=True, limit=1))
+        last = newest[0].position if newest else 0
+    for ev in events:
+        _emit_follow(ev, json_)
+    try:
+        while True:
+            time.sleep(interval)
+            for r in store.query(Query(after_position=last)):
+                last = max(last, r.position)
+                _emit_follow(r.event.to_json(), json_)
+    except KeyboardInterrupt:
+        return
+
+
+def _emit_follow(ev: dict[str, Any], json_: bool) -> None:
+    from mrtr_keys.audit.events import FIELDS
+
+    if json_:
+        sys.stdout.write(json.dumps(ev) + "\n")
+    else:
+        sys.stdout.write("  ".join("-" if ev[f] is None else str(ev[f]) for f in FIELDS) + "\n")
+    sys.stdout.flush()
+
+
+@app.command("query")
+def query(
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    kid: Annotated[str | None, typer.Option("--kid", help="Only this key id.")] = None,
+    audience: Annotated[str | None, typer.Option("--audience", help="Only this audience.")] = None,
+    op: Annotated[
+        str | None,
+        typer.Option("--op", help="seal, unseal, ring-loaded, init, begin, promote, retire, rewrap, audience."),
+    ] = None,
+    outcome: Annotated[str | None, typer.Option("--outcome", help="ok or rejected.")] = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="Rejection reason (expired, seal, ...) or forced.")
+    ] = None,
+    client: Annotated[str | None, typer.Option("--client", help="Only this sidecar client.")] = None,
+    instance: Annotated[str | None, typer.Option("--instance", help="Only this instance (host:pid:start).")] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="Follow one token's life (matched by its fingerprint).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="At most this many (the newest).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Events matching every filter given, oldest first."""
+    fingerprint = None
+    if token is not None:
+        fingerprint = _fingerprinter(keystore_).fingerprint(token)
+    q = _query(
+        since=since,
+        until=until,
+        kid=kid,
+        audience=audience,
+        op=op,
+        outcome=outcome,
+        reason=reason,
+        client=client,
+        instance=instance,
+        fingerprint=fingerprint,
+        limit=limit,
+        newest_first=limit is not None,
+    )
+    records = _open(audit, keystore_).query(q)
+    if q.newest_first:
+        records.reverse()
+    _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)")
+
+
+@app.command("stats")
+def stats(
+    by: Annotated[str, typer.Option("--by", help="kid, reason, audience, client or instance (also op, outcome).")],
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    op: Annotated[str | None, typer.Option("--op", help="Only this operation.")] = None,
+    outcome: Annotated[str | None, typer.Option("--outcome", help="Only ok or rejected.")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Count events grouped by one field, most frequent first."""
+    from mrtr_keys.audit.events import STATS_KEYS
+    from mrtr_keys.cli.output import print_json, print_table
+    from mrtr_keys.errors import ConfigError
+
+    if by not in STATS_KEYS:
+        raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")
+    rows = _open(audit, keystore_).stats(by, _query(since=since, until=until, op=op, outcome=outcome))
+    if json_:
+        print_json([{"key": k, "count": n} for k, n in rows])
+    else:
+        print_table(f"events by {by}", [by, "count"], rows)
+
+
+@app.command("verify")
+def verify(
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    checkpoints: Annotated[
+        Path | None,
+        typer.Option("--checkpoints", help="Checkpoint file to check heads against [default: the checkpoint default]."),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break."""
+    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.chain import verify as verify_chain
+    from mrtr_keys.cli.output import print_json, print_line
+
+    store = _open(audit, keystore_)
+    cp_path = checkpoints or _default_checkpoints(keystore_)
+    docs = [d for d in read_checkpoints(cp_path) if d.get("store") in (None, store.url)]
+    report = verify_chain(store.records(), docs)
+    if json_:
+        print_json(report.to_json())
+    else:
+        first = report.first
+        if first is None:
+            print_line(
+                f"ok: {report.records} records in {report.chains} chain(s) verified; "
+                f"{report.checkpoints_checked} checkpointed head(s) present"
+            )
+        else:
+            where = f"position {first.position}" if first.position else "end of chain"
+            print_line(
+                f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
+                f"time {first.time}): {first.detail}"
+            )
+            for b in report.breaks:
+                if b is not first:
+                    print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _default_checkpoints(keystore_: str | None) -> Path:
+    import os
+
+    env = os.environ.get("MRTR_KEYS_AUDIT_CHECKPOINTS")
+    if env:
+        return Path(env)
+    return _keystore(keystore_).directory / "audit-checkpoints.jsonl"
+
+
+@app.command("checkpoint")
+def checkpoint(
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    to: Annotated[
+        Path | None,
+        typer.Option(
+            "--to",
+            envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
+            help="Append the checkpoint here: a place the store's writers cannot rewrite "
+            "[default: audit-checkpoints.jsonl beside the ring].",
+        ),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail."""
+    from mrtr_keys.audit.chain import append_checkpoint, make_checkpoint
+    from mrtr_keys.cli.output import print_json, print_line, print_table
+
+    store = _open(audit, keystore_)
+    doc = make_checkpoint(store.records(), store_url=store.url, now=time.time())
+    path = to or _default_checkpoints(keystore_)
+    append_checkpoint(path, doc)
+    if json_:
+        print_json({**doc, "written_to": str(path)})
+    else:
+        print_table(
+            f"checkpoint {doc['time']}",
+            ["writer", "seq", "hash"],
+            [(h["writer"], h["seq"], h["hash"]) for h in doc["heads"]],
+        )
+        print_line(f"appended to {path}")
+
+
+@app.command("export")
+def export(
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    fmt: Annotated[str, typer.Option("--format", help="jsonl (verifiable: includes the chain) or csv.")] = "jsonl",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+) -> None:
+    """Every event with its chain fields, in storage order (a progress bar on long exports)."""
+    import csv
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from mrtr_keys.audit.store import SQL_COLUMNS
+    from mrtr_keys.errors import ConfigError
+
+    if fmt not in ("jsonl", "csv"):
+        raise ConfigError("--format must be jsonl or csv")
+    store = _open(audit, keystore_)
+    q = _query(since=since, until=until)
+    total = store.count()
+    out = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+    writer = csv.writer(out, lineterminator="\n") if fmt == "csv" else None
+    if writer is not None:
+        writer.writerow(SQL_COLUMNS)
+    try:
+        with Progress(console=Console(stderr=True), transient=True, disable=total < 10_000) as progress:
+            task = progress.add_task("exporting", total=total)
+            for n, r in enumerate(store.records(), 1):
+                if q.matches(r):
+                    doc = r.to_json()
+                    if writer is not None:
+                        writer.writerow(["" if doc[c] is None else doc[c] for c in SQL_COLUMNS])
+                    else:
+                        out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                if n % 1000 == 0:
+                    progress.update(task, completed=n)
+    finally:
+        if output:
+            out.close()
+
+
+def _fingerprinter(keystore_: str | None) -> Any:
+    from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
+
+    return Fingerprinter(load_audit_key(_keystore(keystore_).directory, create=False))
+
+
+@app.command("fingerprint")
+def fingerprint(
+    token: Annotated[str, typer.Argument(help="A requestState token (never stored or printed).")],
+    keystore_: KeystoreOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Print the fingerprint that audit events for TOKEN carry (keyed by the audit key beside the ring)."""
+    from mrtr_keys.cli.output import print_json, print_line
+
+    fp = _fingerprinter(keystore_).fingerprint(token)
+    if json_:
+        print_json({"fingerprint": fp})
+    else:
+        print_line(fp)

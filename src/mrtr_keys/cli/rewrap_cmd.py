@@ -1,0 +1,35 @@
+"""`mrtr-keys rewrap --kms-key-id ARN`: re-wrap a KMS ring's data keys under another KMS key."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+
+
+def rewrap(
+    kms_key_id: Annotated[
+        str, typer.Option("--kms-key-id", help="The KMS key to re-wrap under (ARN, key id or alias).")
+    ],
+    keystore_: KeystoreOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Re-encrypt every usable data key under another KMS key (ReEncrypt); kids and tokens stay valid."""
+    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.rewrap import rewrap as run_rewrap
+
+    result = run_rewrap(keystore(keystore_), kms_key_id)
+    if json_:
+        print_json(
+            {
+                "step": result.op,
+                "changed": result.changed,
+                "generation": result.ring.generation,
+                "message": result.message,
+                **result.details,
+            }
+        )
+    else:
+        print_line(result.message)

@@ -1,0 +1,127 @@
+"""`KMSEnvelopeCodec`: AES-256-GCM tokens under data keys that AWS KMS wraps.
+
+The ring holds only wrapped data keys (see `mrtr_keys.backends.kms`). Construction (and
+`reload()` when the ring changed) unwraps each usable key once with ``Decrypt``; after that
+`seal`/`unseal` are the shared `AESGCMTokenCore` (token format ``mk1.``, docs/token-format.md)
+and make no KMS call at all, as the MCP SDK's codec contract asks ("cache key material rather
+than calling a KMS per token").
+
+Load rule (decision, docs/kms.md): the ring **refuses to load** if any usable key (verify or
+primary) fails to unwrap; the codec never runs with a partial ring, so a key that cannot seal
+or unseal is never silently skipped or made primary.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
+
+from mrtr_keys.codecs.keyring_codec import KeyRingCodec
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.keyring import KeyRing
+from mrtr_keys.keystores import Keystore
+from mrtr_keys.kms_client import ENV_KMS_KEY_ID, KMSService, KMSSettings, checked_wrapped_key, ring_key_id
+
+if TYPE_CHECKING:
+    from mypy_boto3_kms import KMSClient
+
+_CacheKey = tuple[str, bytes, str, tuple[tuple[str, str], ...]]
+
+
+class KMSEnvelopeCodec(KeyRingCodec):
+    """Seals with the ring's primary data key; unseals with the key the token's kid names.
+
+    Drop-in for the MCP SDK: ``RequestStateSecurity(codec=KMSEnvelopeCodec(path, audience="svc"))``,
+    or just ``mrtr_keys.request_state_security(path, audience="svc")`` for a ring made with
+    ``mrtr-keys init --codec kms --kms-key-id ARN``.
+
+    Args:
+        keystore, audience, observer: as for `KeyRingCodec`.
+        client: a boto3 KMS client (default: the standard AWS chain, `mrtr_keys.kms_client.make_client`).
+        service: a `KMSService` to share (overrides `client` and `settings`).
+        settings: timeouts and retries for the default client.
+        kms_key_id: optional pin (else ``MRTR_KEYS_KMS_KEY_ID``): refuse a ring wrapped under any
+            other KMS key.
+
+    Raises:
+        UnwrapError: a usable key does not unwrap (context, key id, ciphertext, access denied);
+            the message names the kid and the KMS error code.
+        BackendUnavailable: KMS unreachable, throttled or 5xx (after the configured timeouts
+            and retries).
+        ConfigError: no AWS credentials or region; and everything `KeyRingCodec` raises.
+    """
+
+    codec_type: ClassVar[str] = "kms"
+
+    def __init__(
+        self,
+        keystore: Keystore | str | os.PathLike[str],
+        *,
+        audience: str,
+        observer: CodecObserver | None = None,
+        client: KMSClient | None = None,
+        service: KMSService | None = None,
+        settings: KMSSettings | None = None,
+        kms_key_id: str | None = None,
+    ) -> None:
+        self._init_kms(client, service, settings, kms_key_id)
+        super().__init__(keystore, audience=audience, observer=observer)
+
+    @classmethod
+    def from_ring(
+        cls,
+        ring: KeyRing,
+        *,
+        audience: str,
+        observer: CodecObserver | None = None,
+        client: KMSClient | None = None,
+        service: KMSService | None = None,
+        settings: KMSSettings | None = None,
+        kms_key_id: str | None = None,
+    ) -> KMSEnvelopeCodec:
+        """A codec over a ring already in memory (unwraps now; `reload()` then does nothing)."""
+        self = cls.__new__(cls)
+        self._init_kms(client, service, settings, kms_key_id)
+        self._keystore = None
+        self._audience = audience
+        self._observer = observer
+        self._lock = threading.Lock()
+        self._ring, self._core = ring, self._build(ring)
+        self._ring_loaded(ring)
+        return self
+
+    def _init_kms(
+        self,
+        client: KMSClient | None,
+        service: KMSService | None,
+        settings: KMSSettings | None,
+        kms_key_id: str | None,
+    ) -> None:
+        self._kms = service or KMSService(client, settings or KMSSettings.from_env())
+        self._pinned = kms_key_id or os.environ.get(ENV_KMS_KEY_ID) or None
+        self._unwrapped: dict[_CacheKey, bytes] = {}
+
+    def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:
+        """One ``Decrypt`` per usable key not already unwrapped from the identical wrapped entry.
+
+        Local checks first (context equals this ring's, recorded key ARN equals the ring's
+        KMS key, which equals the pin if any); then ``Decrypt(CiphertextBlob, KeyId,
+        EncryptionContext)`` and a check of the returned ``KeyId``. Plaintext data keys are
+        kept in memory for the codec's lifetime, only for entries of the current ring, so a
+        `reload()` after a rotation step unwraps only the new key.
+        """
+        key_id = ring_key_id(ring, self._pinned)
+        keys: dict[str, bytes] = {}
+        cache: dict[_CacheKey, bytes] = {}
+        for key in ring.usable_keys():
+            wrapped = checked_wrapped_key(ring, key, key_id)
+            entry: _CacheKey = (key.kid, wrapped.ciphertext_blob, key_id, tuple(wrapped.context.items()))
+            plaintext = self._unwrapped.get(entry)
+            if plaintext is None:
+                plaintext = self._kms.decrypt(wrapped, key_id, kid=key.kid)
+            cache[entry] = plaintext
+            keys[key.kid] = plaintext
+        self._unwrapped = cache
+        return keys

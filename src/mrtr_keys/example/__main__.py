@@ -1,0 +1,221 @@
+"""`python -m mrtr_keys.example`: serve the example MCP server over streamable HTTP with uvicorn.
+
+    python -m mrtr_keys.example --keystore PATH --audience NAME --host 127.0.0.1 --port N
+        [--codec-from-ring | --sdk-default-key] [--instance LABEL] [--ttl SECONDS]
+        [--reload-every SECONDS] [--create-ring]
+
+Key sources (mutually exclusive):
+  --codec-from-ring (default)  ``mrtr_keys.request_state_security(keystore, audience=NAME)``: the codec the
+                               key ring records (local, KMS, Vault transit), shared by every process
+                               opening the same ring.
+  --sdk-default-key            the MCP SDK's default: a key generated at process start, so a retry that
+                               reaches another process is rejected (the negative fleet test uses it).
+
+It prints the URL and a command that calls the tool, then serves until SIGINT/SIGTERM.
+Exit codes: 0 stopped, 2 configuration error (no key ring, audience outside the ring's scope, bad TTL),
+1 anything else (e.g. the port is taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from mcp.server.mcpserver import RequestStateSecurity
+
+from mrtr_keys.errors import KeyRingExists, MrtrKeysError
+from mrtr_keys.example.app import DEFAULT_NAME, build_server
+
+PROG = "python -m mrtr_keys.example"
+MCP_PATH = "/mcp"
+logger = logging.getLogger("mrtr_keys.example")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Example MCP server whose tool asks a question; requestState sealed by mrtr-keys."
+    )
+    parser.add_argument(
+        "--keystore",
+        default=None,
+        help="key ring path or file:// URL (default: $MRTR_KEYS_KEYSTORE, else .mrtr/keyring.json)",
+    )
+    parser.add_argument(
+        "--audience", default=DEFAULT_NAME, help=f"server name and requestState audience (default {DEFAULT_NAME})"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    parser.add_argument("--instance", default="", help="label shown in the tool's answer ('served by LABEL')")
+    parser.add_argument("--ttl", type=float, default=600.0, help="seconds a sealed round stays valid (default 600)")
+    parser.add_argument(
+        "--reload-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="re-read the key ring this often, so a running server follows a rotation (default 0: never)",
+    )
+    parser.add_argument(
+        "--create-ring", action="store_true", help="create a local key ring at --keystore if none exists there"
+    )
+    add_key_source_options(parser)
+    return parser
+
+
+def add_key_source_options(parser: argparse.ArgumentParser) -> None:
+    """The mutually exclusive key-source flags; `args.key_source` names the one chosen.
+
+    Seam for new key sources: add the flag here (e.g. ``--sidecar URL`` with ``--secret S``, setting
+    ``key_source="sidecar"``) and pass its values on in `request_state_options`.
+    """
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--codec-from-ring",
+        dest="key_source",
+        action="store_const",
+        const="ring",
+        help="seal with the codec the key ring records (default)",
+    )
+    source.add_argument(
+        "--sdk-default-key",
+        dest="key_source",
+        action="store_const",
+        const="sdk-default",
+        help="seal with the MCP SDK's per-process ephemeral key (retries on another process are rejected)",
+    )
+    parser.set_defaults(key_source="ring")
+
+
+def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Extra keyword arguments for `mrtr_keys.request_state_security` from the key-source flags.
+
+    Empty for ``--codec-from-ring``; a key source routed through `request_state_security` (a sidecar,
+    say) returns its options here.
+    """
+    return {}
+
+
+def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
+    """The `RequestStateSecurity` the flags ask for; None means the SDK's default ephemeral key.
+
+    Raises:
+        MrtrKeysError: the key ring is missing or unusable, or the audience is outside its scope.
+    """
+    if args.key_source == "sdk-default":
+        return None
+    from mrtr_keys.security import request_state_security
+
+    if args.create_ring:
+        _create_ring_if_missing(args.keystore)
+    return request_state_security(args.keystore, audience=args.audience, ttl=args.ttl, **request_state_options(args))
+
+
+def _create_ring_if_missing(location: str | None) -> None:
+    from mrtr_keys.creation import create_ring
+    from mrtr_keys.keystores import open_keystore
+
+    store = open_keystore(location)
+    if store.exists():
+        return
+    try:
+        result = create_ring(store)
+    except KeyRingExists:  # another process created it first: use theirs
+        return
+    print(f"created key ring at {store.url}; primary key {result.ring.primary.kid}", flush=True)
+
+
+def describe_security(security: RequestStateSecurity | None) -> str:
+    """One line saying what seals requestState (never key material)."""
+    if security is None:
+        return "the MCP SDK's default key (made at process start; valid in this process only)"
+    codec = security.codec
+    ring = getattr(codec, "ring", None)
+    if ring is None:
+        return f"{type(codec).__name__}, audience {security.audience!r}, ttl {security.ttl:g} s"
+    return (
+        f"{ring.codec.type} codec, key ring {ring.ring_id} generation {ring.generation} "
+        f"(primary key {ring.primary.kid}), audience {security.audience!r}, ttl {security.ttl:g} s"
+    )
+
+
+def start_reloader(codec: object, every: float) -> threading.Event | None:
+    """Call ``codec.reload()`` every `every` seconds in a daemon thread; set the returned event to stop.
+
+    None when `every` <= 0 or the codec has no ``reload``. A failed reload keeps the loaded ring and logs.
+    """
+    reload = getattr(codec, "reload", None)
+    if every <= 0 or reload is None:
+        return None
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            try:
+                if reload():
+                    ring = getattr(codec, "ring", None)
+                    logger.warning("key ring reloaded: generation %s", getattr(ring, "generation", "?"))
+            except MrtrKeysError as exc:
+                logger.warning("key ring reload failed, keeping the loaded ring: %s", exc)
+
+    threading.Thread(target=loop, name="mrtr-keys-reload", daemon=True).start()
+    return stop
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Build the server and run uvicorn until SIGINT/SIGTERM.
+
+    Raises:
+        MrtrKeysError: see `security_from_args`.
+    """
+    import uvicorn
+
+    security = security_from_args(args)
+    # One plain line per record (the SDK's rich handler would wrap them); set before MCPServer's own setup.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)-8s %(name)s: %(message)s", stream=sys.stderr)
+    mcp = build_server(security, name=args.audience, instance=args.instance)
+    url = f"http://{args.host}:{args.port}{MCP_PATH}"
+    print(f"mrtr-keys example MCP server {args.audience!r}" + (f" (instance {args.instance})" if args.instance else ""))
+    print(f"  URL:          {url}")
+    print(f"  requestState: sealed by {describe_security(security)}")
+    print(f"  call it:      python -m mrtr_keys.example.client {url} --name orders --region eu-west-1", flush=True)
+    if not _is_loopback(args.host):
+        print("warning: listening on a non-loopback address; this example has no authentication", flush=True)
+    stop = start_reloader(security.codec, args.reload_every) if security is not None else None
+    app = mcp.streamable_http_app(streamable_http_path=MCP_PATH, json_response=True, host=args.host)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        if stop is not None:
+            stop.set()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (errors are one line on stderr, never a traceback)."""
+    args = build_parser().parse_args(argv)
+    try:
+        serve(args)
+    except MrtrKeysError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

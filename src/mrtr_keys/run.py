@@ -1,0 +1,87 @@
+"""`make run` (``python -m mrtr_keys.run``): the sealing sidecar on embedded defaults, loopback only.
+
+On first run it creates, under ``./.mrtr/``: a local key ring (``keyring.json``), the client
+registry (``clients.json``) with one client, ``demo``, granted the audience ``demo``, and that
+client's secret in ``sidecar.secret`` (mode 0600; its path is printed, never the secret). Then it
+serves on ``127.0.0.1:8750`` (``MRTR_KEYS_PORT`` to change) and prints how to plug an MCP server in.
+Later runs reuse what is there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from mrtr_keys.errors import MrtrKeysError
+
+STATE_DIR = Path(".mrtr")
+DEMO_CLIENT = "demo"
+DEMO_AUDIENCE = "demo"
+SECRET_FILE = "sidecar.secret"  # noqa: S105 - a file name
+
+
+def prepare(state_dir: Path = STATE_DIR) -> tuple[Path, Path, Path]:
+    """Create the ring, registry and demo client if missing; returns (ring, registry, secret file) paths."""
+    from mrtr_keys.clients import add_client, load_registry, registry_path
+    from mrtr_keys.creation import create_ring
+    from mrtr_keys.keystores.file import FileKeystore
+
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ring_path = state_dir / "keyring.json"
+    store = FileKeystore(ring_path)
+    if not store.exists():
+        result = create_ring(store)
+        print(f"created key ring {ring_path} (primary key {result.ring.primary.kid})")
+    registry = registry_path(store.directory, os.environ.get("MRTR_KEYS_CLIENTS"))
+    secret_path = state_dir / SECRET_FILE
+    if load_registry(registry).get(DEMO_CLIENT) is None or not secret_path.exists():
+        if load_registry(registry).get(DEMO_CLIENT) is not None:
+            from mrtr_keys.clients import remove_client
+
+            remove_client(registry, DEMO_CLIENT)  # its secret file is gone: issue a new one
+        _, secret = add_client(registry, DEMO_CLIENT, audiences=[DEMO_AUDIENCE])
+        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        print(f"created client {DEMO_CLIENT!r} (audience {DEMO_AUDIENCE!r}); its secret is in {secret_path} (0600)")
+    return ring_path, registry, secret_path
+
+
+def main() -> int:
+    from mrtr_keys.service.config import ServiceConfig
+    from mrtr_keys.service.server import serve
+
+    try:
+        ring_path, registry, secret_path = prepare()
+        port = int(os.environ.get("MRTR_KEYS_PORT", "8750"))
+        config = ServiceConfig(keystore=str(ring_path), clients=str(registry), host="127.0.0.1", port=port)
+        url = f"http://127.0.0.1:{port}"
+        print(
+            f"""
+mrtr-keys sealing sidecar on {url} (loopback only); key ring {ring_path}, clients {registry}
+Plug an MCP server into it:
+
+    from pathlib import Path
+    from mcp.server.mcpserver import MCPServer
+    import mrtr_keys
+
+    mcp = MCPServer("{DEMO_AUDIENCE}", request_state_security=mrtr_keys.request_state_security(
+        sidecar="{url}", secret=Path("{secret_path}").read_text().strip(), audience="{DEMO_AUDIENCE}"))
+
+Another server: mrtr-keys clients add NAME --audience NAME   (prints its secret once)
+API and deployment: docs/sidecar.md. Stop with Ctrl+C.
+""",
+            flush=True,
+        )
+        serve(config)
+    except MrtrKeysError as exc:
+        print(f"mrtr-keys: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

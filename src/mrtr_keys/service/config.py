@@ -1,0 +1,116 @@
+"""Settings of the sealing sidecar: listener, limits, reload interval, where the ring and clients live.
+
+A config file is TOML with one ``[sidecar]`` table; command-line options win
+over the file, the file wins over the defaults::
+
+    [sidecar]
+    keystore = "/var/lib/mrtr/keyring.json"   # else --keystore / MRTR_KEYS_KEYSTORE
+    clients = "/var/lib/mrtr/clients.json"    # else MRTR_KEYS_CLIENTS, else beside the ring
+    host = "127.0.0.1"
+    port = 8750
+    uds = "/run/mrtr/sidecar.sock"            # listen on a Unix socket (mode 0600) instead of TCP
+    workers = 1
+    reload_interval = 2.0                     # seconds between keystore / registry polls
+    max_body_bytes = 1048576
+    max_batch_items = 256
+    strict_audit = false                      # true: a failing audit sink fails the request (503)
+    audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from mrtr_keys.errors import ConfigError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8750
+DEFAULT_RELOAD_INTERVAL = 2.0
+MAX_RELOAD_INTERVAL = 86400.0
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+"""Largest request body accepted (bytes); larger ones get 413 before any parsing."""
+MAX_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BATCH_ITEMS = 256
+"""Most items in one ``/v1/seal/batch`` or ``/v1/unseal/batch`` request."""
+MAX_MAX_BATCH_ITEMS = 10000
+MAX_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Validated sidecar settings (units: seconds and bytes)."""
+
+    keystore: str | None = None
+    clients: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    uds: str | None = None
+    workers: int = 1
+    reload_interval: float = DEFAULT_RELOAD_INTERVAL
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
+    strict_audit: bool = False
+    audit_factory: str | None = None
+
+    def __post_init__(self) -> None:
+        _int_in("port", self.port, 1, 65535)
+        _int_in("workers", self.workers, 1, MAX_WORKERS)
+        _int_in("max_body_bytes", self.max_body_bytes, 1024, MAX_MAX_BODY_BYTES)
+        _int_in("max_batch_items", self.max_batch_items, 1, MAX_MAX_BATCH_ITEMS)
+        r = self.reload_interval
+        number = isinstance(r, int | float) and not isinstance(r, bool)
+        if not (number and math.isfinite(r) and 0 < r <= MAX_RELOAD_INTERVAL):
+            raise ConfigError(f"reload_interval must be a number of seconds > 0 and <= {MAX_RELOAD_INTERVAL:g}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError("host must be a non-empty string")
+        if not isinstance(self.strict_audit, bool):
+            raise ConfigError("strict_audit must be true or false")
+
+    def with_overrides(self, **changes: Any) -> ServiceConfig:
+        """A copy with every non-None value of `changes` applied (validated)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ServiceConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise ConfigError(f"unknown sidecar setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        try:
+            return cls(**doc)
+        except TypeError as exc:
+            raise ConfigError(f"bad sidecar settings: {exc}") from None
+
+
+def _int_in(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer from {low} to {high}")
+
+
+def load_config(path: str | Path | None) -> ServiceConfig:
+    """Read a TOML config file (see the module docstring); None gives the defaults.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, an unknown setting or a value out of range.
+    """
+    if path is None:
+        return ServiceConfig()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    table = doc.get("sidecar", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: [sidecar] must be a table")
+    return ServiceConfig.from_json(table)

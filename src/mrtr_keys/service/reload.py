@@ -1,0 +1,207 @@
+"""The sidecar's live key ring: codecs per audience, swapped atomically on a new generation.
+
+The sidecar holds no crypto of its own. For each audience it asks
+`mrtr_keys.security.open_codec` for the codec the stored ring records (local,
+KMS envelope, Vault, ...), over a `PinnedKeystore` that hands the codec exactly
+the ring this process validated, so every codec of one snapshot sees one
+generation. `RingState.reload()` reads the keystore; if the generation changed
+it builds the codecs of every audience in use for the new ring and then
+replaces the whole `Snapshot` in one assignment, so a request sees either the
+old snapshot or the new one, never a mix. A ring that fails to load or to open
+is logged, reported (`error`, ``/readyz``, metrics) and never replaces the
+loaded one: sealing continues on the last good ring.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mrtr_keys.backends import Codec
+from mrtr_keys.codecs.keyring_codec import KeyRingCodec
+from mrtr_keys.errors import AudienceError, MrtrKeysError
+from mrtr_keys.keyring import KeyRing
+from mrtr_keys.keystores import Keystore
+
+log = logging.getLogger("mrtr_keys.service")
+
+PROBE_AUDIENCE = "mrtr-keys.readyz"
+"""Audience of the readiness self-test when the ring's scope is empty (never leaves the process)."""
+
+
+class PinnedKeystore:
+    """A read-only view of a keystore whose `load()` returns one already validated ring."""
+
+    def __init__(self, inner: Keystore, ring: KeyRing) -> None:
+        self._inner = inner
+        self._ring = ring
+
+    def __repr__(self) -> str:
+        return f"PinnedKeystore({self._inner!r}, generation={self._ring.generation})"
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    @property
+    def directory(self) -> Path:
+        return self._inner.directory
+
+    def exists(self) -> bool:
+        return True
+
+    def load(self) -> KeyRing:
+        return self._ring
+
+    def create(self, ring: KeyRing) -> None:
+        raise MrtrKeysError("the sidecar never writes the key ring")
+
+    def save(self, ring: KeyRing, *, expected_generation: int) -> None:
+        raise MrtrKeysError("the sidecar never writes the key ring")
+
+    def locked(self) -> AbstractContextManager[None]:
+        return self._inner.locked()
+
+
+class KidTap:
+    """A `CodecObserver` that remembers the kid of the calling thread's last codec operation."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def sealed(self, kid: str, token: str) -> None:
+        self._local.kid = kid
+
+    def unsealed(self, kid: str, token: str) -> None:
+        self._local.kid = kid
+
+    def rejected(self, kid: str | None, token: str, reason: str) -> None:
+        self._local.kid = kid
+
+    def clear(self) -> None:
+        self._local.kid = None
+
+    def take(self) -> str | None:
+        kid: str | None = getattr(self._local, "kid", None)
+        self._local.kid = None
+        return kid
+
+
+@dataclass
+class Snapshot:
+    """One generation in use: the ring and its codecs by audience (filled lazily, never shared across rings)."""
+
+    ring: KeyRing
+    codecs: dict[str, Codec] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
+    """Audience -> why no codec opens for it (outside the ring's scope)."""
+
+
+class RingState:
+    """The ring this process serves, and how to reach a codec for an audience.
+
+    Args:
+        keystore: where the ring lives (read only).
+        backend_options: passed to `open_codec` (e.g. KMS/Vault client settings).
+
+    Raises (constructor):
+        KeyRingNotFound, KeystoreError, KeyRingError, BackendUnavailable: no usable ring at start.
+    """
+
+    def __init__(self, keystore: Keystore, *, backend_options: dict[str, Any] | None = None) -> None:
+        self.keystore = keystore
+        self.tap = KidTap()
+        self._options = dict(backend_options or {})
+        self._lock = threading.Lock()
+        self.error: str | None = None
+        ring = keystore.load()
+        self.snapshot = Snapshot(ring)
+        self.inline = True
+        self.probe_audience = ring.audiences[0] if ring.audiences else PROBE_AUDIENCE
+        self._open(self.snapshot, self.probe_audience)
+
+    @property
+    def ring(self) -> KeyRing:
+        return self.snapshot.ring
+
+    def codec(self, audience: str) -> Codec | None:
+        """The codec for `audience` in the current snapshot if already built (no I/O), else None."""
+        return self.snapshot.codecs.get(audience)
+
+    def open(self, audience: str) -> Codec:
+        """Build (or return) the codec for `audience` in the current snapshot; may do I/O (call off-loop).
+
+        Raises:
+            AudienceError: the ring's scope excludes `audience`.
+            MrtrKeysError: the backend cannot give its keys.
+        """
+        return self._open(self.snapshot, audience)
+
+    def _open(self, snap: Snapshot, audience: str) -> Codec:
+        codec = snap.codecs.get(audience)
+        if codec is not None:
+            return codec
+        from mrtr_keys.security import open_codec
+
+        try:
+            pinned = PinnedKeystore(self.keystore, snap.ring)
+            codec = open_codec(pinned, audience=audience, observer=self.tap, **self._options)
+        except AudienceError as exc:
+            snap.unusable[audience] = str(exc)
+            raise
+        if not isinstance(codec, KeyRingCodec):
+            self.inline = False  # a codec that may call out per token: run it off the event loop
+        snap.codecs[audience] = codec
+        return codec
+
+    def reload(self, audiences: Iterable[str] = ()) -> bool:
+        """Re-read the keystore; switch atomically if the ring changed. True if it switched.
+
+        Opens the codecs of the audiences already in use plus `audiences` for the new ring first;
+        if the ring cannot be loaded or a codec cannot open (other than an audience the new scope
+        drops), the loaded snapshot stays and `error` says why.
+        """
+        with self._lock:
+            old = self.snapshot
+            try:
+                ring = self.keystore.load()
+                if ring == old.ring:
+                    self.error = None
+                    return False
+                snap = Snapshot(ring)
+                for aud in _unique([*old.codecs, *audiences, self.probe_audience]):
+                    try:
+                        self._open(snap, aud)
+                    except AudienceError:
+                        pass
+            except MrtrKeysError as exc:
+                if self.error != str(exc):
+                    log.warning("key ring not reloaded, still serving generation %d: %s", old.ring.generation, exc)
+                self.error = str(exc)
+                return False
+            self.snapshot = snap
+            self.error = None
+        log.info("key ring generation %d loaded (was %d)", ring.generation, old.ring.generation)
+        return True
+
+    def prepare(self, audiences: Iterable[str]) -> None:
+        """Open codecs for `audiences` now (errors are left for the request that needs them)."""
+        snap = self.snapshot
+        for aud in audiences:
+            try:
+                self._open(snap, aud)
+            except MrtrKeysError:
+                pass
+
+
+def _unique(items: Iterable[str]) -> Iterator[str]:
+    seen: set[str] = set()
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            yield item

@@ -1,0 +1,111 @@
+"""Request and response shapes of the sidecar API, as pydantic models for the OpenAPI document.
+
+The hot routes parse with orjson and check fields by hand (`parse_*` in
+`mrtr_keys.service.app`) so a seal costs microseconds; these models are the
+documented contract and the tests check the two agree. Bytes travel as
+unpadded base64url (RFC 4648 section 5); tokens are the codec's own text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mrtr_keys.audience import MAX_AUDIENCE_CHARS
+
+MAX_PAYLOAD_BYTES = 32768
+"""Largest payload one seal accepts (bytes, before base64url); keeps every token under the token cap."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SealRequest(_Strict):
+    audience: str = Field(min_length=1, max_length=MAX_AUDIENCE_CHARS, description="Exact, case-sensitive.")
+    payload: str = Field(description=f"Unpadded base64url of at most {MAX_PAYLOAD_BYTES} bytes.")
+
+
+class SealResponse(BaseModel):
+    token: str
+    kid: str | None = Field(description="The key that sealed (8 hex characters for ring codecs).")
+
+
+class UnsealRequest(_Strict):
+    audience: str = Field(min_length=1, max_length=MAX_AUDIENCE_CHARS)
+    token: str
+
+
+class UnsealResponse(BaseModel):
+    payload: str = Field(description="Unpadded base64url.")
+    kid: str | None
+
+
+class ItemError(BaseModel):
+    error: Literal["invalid_token", "forbidden", "invalid_request", "backend_unavailable", "internal"]
+    detail: str | None = Field(default=None, description="For invalid_request: which field and why.")
+
+
+class SealBatchRequest(_Strict):
+    items: list[SealRequest] = Field(description="1 to max_batch_items (default 256) items.")
+
+
+class UnsealBatchRequest(_Strict):
+    items: list[UnsealRequest] = Field(description="1 to max_batch_items (default 256) items.")
+
+
+class SealBatchResponse(BaseModel):
+    results: list[SealResponse | ItemError] = Field(description="One per item, same order.")
+
+
+class UnsealBatchResponse(BaseModel):
+    results: list[UnsealResponse | ItemError] = Field(description="One per item, same order.")
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(
+        description="unauthorized (401), forbidden (403), invalid_token (400, every unseal failure), "
+        "body_too_large (413), invalid_request (422), backend_unavailable (503), internal (500)."
+    )
+    detail: list[dict[str, Any]] | None = None
+
+
+class KeyInfo(BaseModel):
+    kid: str
+    state: Literal["verify", "primary", "retired"]
+    created_at: str | None
+    promoted_at: str | None
+    demoted_at: str | None
+    retired_at: str | None
+
+
+class KeysResponse(BaseModel):
+    ring_id: str
+    generation: int
+    ttl_seconds: float
+    audiences: list[str]
+    codec: str
+    keys: list[KeyInfo]
+    reload_error: str | None
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    generation: int | None
+    reason: str | None = None
+    reload_error: str | None = None
+
+
+REQUEST_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/seal": SealRequest,
+    "/v1/unseal": UnsealRequest,
+    "/v1/seal/batch": SealBatchRequest,
+    "/v1/unseal/batch": UnsealBatchRequest,
+}
+RESPONSE_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/seal": SealResponse,
+    "/v1/unseal": UnsealResponse,
+    "/v1/seal/batch": SealBatchResponse,
+    "/v1/unseal/batch": UnsealBatchResponse,
+}

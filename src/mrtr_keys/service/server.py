@@ -1,0 +1,132 @@
+"""Running the sidecar under uvicorn (httptools + uvloop), on TCP or on a Unix socket created 0600.
+
+uvicorn's own ``--uds`` makes the socket mode 0666; we bind it ourselves under
+a 0177 umask, chmod it 0600 and hand uvicorn the descriptor, so only the
+sidecar's user (and root) can connect: the file mode is the access control.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.service.config import ServiceConfig
+
+log = logging.getLogger("mrtr_keys.service")
+
+
+def bind_unix_socket(path: str | os.PathLike[str]) -> socket.socket:
+    """A listening-ready AF_UNIX socket at `path`, mode 0600; a stale socket file there is replaced.
+
+    Raises:
+        ConfigError: `path` exists and is not a socket, or another process is listening on it.
+    """
+    p = Path(path)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(p)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ConfigError(f"{p} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if probe.connect_ex(str(p)) == 0:
+                raise ConfigError(f"another process is listening on {p}")
+        finally:
+            probe.close()
+        p.unlink()
+    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(p))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {p}: {exc.strerror}") from None
+    finally:
+        os.umask(old)
+    os.chmod(p, 0o600)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn_options(config: ServiceConfig) -> dict[str, Any]:
+    return {
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "access_log": False,
+        "server_header": False,
+        "log_level": "warning",
+        "timeout_keep_alive": 30,
+        "backlog": 2048,
+    }
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, removing our Unix socket file on shutdown (uvicorn re-raises the signal after)."""
+
+        def __init__(self, config: uvicorn.Config, *, unlink: str | None) -> None:
+            super().__init__(config)
+            self._unlink = unlink
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            if self._unlink:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._unlink)
+
+    return Server
+
+
+def serve(config: ServiceConfig) -> None:
+    """Run the sidecar until SIGINT/SIGTERM (blocking). One worker runs in this process.
+
+    Raises:
+        KeyRingNotFound, KeystoreError, KeyRingError, ConfigError: nothing usable to serve.
+    """
+    import uvicorn
+
+    from mrtr_keys.service.app import ENV_CONFIG, create_app
+
+    _Server = _server_class()
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = bind_unix_socket(config.uds) if config.uds else None
+    where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}"
+    try:
+        if config.workers == 1:
+            app = create_app(config)
+            log.info(
+                "sidecar serving key ring generation %d on %s (reload every %g s)",
+                app.core.ring.ring.generation,
+                where,
+                config.reload_interval,
+            )
+            uv = uvicorn.Config(app, host=config.host, port=config.port, **_uvicorn_options(config))
+            _Server(uv, unlink=config.uds).run(sockets=[sock] if sock else None)
+        else:
+            create_app(config)  # fail fast here, not in N workers
+            os.environ[ENV_CONFIG] = json.dumps(config.to_json())
+            log.info("sidecar starting %d workers on %s", config.workers, where)
+            opts: dict[str, Any] = {"fd": sock.fileno()} if sock else {"host": config.host, "port": config.port}
+            uvicorn.run(
+                "mrtr_keys.service.app:app_from_env",
+                factory=True,
+                workers=config.workers,
+                **opts,
+                **_uvicorn_options(config),
+            )
+    finally:
+        if sock is not None:
+            sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(str(config.uds))

@@ -1,0 +1,155 @@
+"""The process writer: a child process fingerprints, chains and stores; it dies, recovers and never outlives us."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mrtr_keys.audit.chain import verify
+from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
+from mrtr_keys.audit.observer import AuditObserver
+from mrtr_keys.audit.sink import AuditSink
+from mrtr_keys.audit.store import Query
+from mrtr_keys.codecs.local import LocalAESGCMCodec
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """True once `pid` no longer runs (a zombie counts as gone: it has exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_child_process_stores_fingerprinted_chained_events(
+    keystore_path: Path, tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    codec = LocalAESGCMCodec(keystore_path, audience="svc", observer=AuditObserver(sink, audience="svc"))
+    token = codec.seal(b"payload")
+    assert codec.unseal(token) == b"payload"
+    assert sink.flush(timeout=30)
+    child = sink.child_pid
+    assert child is not None and child != os.getpid()
+    fp = Fingerprinter(load_audit_key(tmp_path)).fingerprint(token)
+    everything = sink.store.query(Query())
+    [loaded] = [r for r in everything if r.event.op == "ring-loaded"]
+    assert loaded.writer == sink.writer  # synchronous writes: the parent's own chain
+    stored = [r for r in everything if r is not loaded]
+    assert [(r.event.op, r.event.outcome, r.event.fingerprint, r.event.audience) for r in stored] == [
+        ("seal", "ok", fp, "svc"),
+        ("unseal", "ok", fp, "svc"),
+    ]
+    assert {r.writer for r in stored} == {f"{sink.writer}/p1"}  # the child's own chain
+    assert all(r.event.instance == stored[0].event.instance for r in stored)
+    assert verify(sink.store.records()).ok
+    assert sink.written == 3 and sink.dropped == 0 and sink.healthy
+    sink.close()
+    assert _gone(child)
+
+
+def test_killed_child_makes_the_sink_unhealthy_counts_drops_and_recovers(
+    tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    sink.record("seal", kid="aaaaaaaa", token="mk1.AAAA")
+    assert sink.flush(timeout=30)
+    first = sink.child_pid
+    assert first is not None
+    os.kill(first, signal.SIGSTOP)  # shipped but never acknowledged
+    for _ in range(5):
+        sink.record("seal", kid="bbbbbbbb", token="mk1.BBBB")
+    assert not sink.flush(timeout=0.5)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while sink.healthy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not sink.healthy and "exited" in (sink.last_error or "")
+    assert sink.dropped == 5
+    sink.record("seal", kid="cccccccc", token="mk1.CCCC")  # the next batch starts a new writer
+    assert sink.flush(timeout=30)
+    assert sink.healthy and sink.child_pid not in (None, first) and sink.children_started == 2
+    kids = [r.event.kid for r in sink.store.query(Query(op="seal"))]
+    assert kids == ["aaaaaaaa", "cccccccc"]
+    assert verify(sink.store.records()).ok
+
+
+_PARENT = textwrap.dedent(
+    """
+    import os, sys
+    from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
+    from mrtr_keys.audit.sink import AuditSink
+    from mrtr_keys.audit.url import open_store
+    url, keydir, how = sys.argv[1:4]
+    sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(keydir)), mode="process")
+    for i in range(1000):
+        sink.record("seal", kid="aaaaaaaa", token="mk1.AAAA")
+    assert sink.flush(30)
+    for i in range(500):
+        sink.record("seal", kid="bbbbbbbb", token="mk1.BBBB")
+    if how == "flush":
+        sink.flush(30)
+    print(sink.child_pid, flush=True)
+    if how == "kill":
+        os.kill(os.getpid(), 9)  # no atexit, no close: the child sees EOF
+    """
+)
+
+
+def _run_parent(tmp_path: Path, how: str) -> tuple[int, int]:
+    url = f"sqlite://{tmp_path}/audit-{how}.db"
+    res = subprocess.run(
+        [sys.executable, "-c", _PARENT, url, str(tmp_path), how], capture_output=True, text=True, timeout=60
+    )
+    child = int(res.stdout.split()[0])
+    assert _gone(child), "the audit writer process outlived its parent"
+    from mrtr_keys.audit.url import open_store
+
+    store = open_store(url)
+    try:
+        assert verify(store.records()).ok
+        return child, store.count()
+    finally:
+        store.close()
+
+
+def test_parent_exit_leaves_no_writer_process_and_loses_nothing(tmp_path: Path) -> None:
+    _, count = _run_parent(tmp_path, "exit")  # atexit closes the sink: flush, EOF, child exits
+    assert count == 1500
+
+
+def test_parent_killed_writer_exits_on_eof_after_storing_what_it_had(tmp_path: Path) -> None:
+    _, count = _run_parent(tmp_path, "flush")
+    assert count == 1500
+    _, count = _run_parent(tmp_path, "kill")  # events still queued in the parent die with it
+    assert 1000 <= count <= 1500
+
+
+def test_sustained_tight_loop_drops_nothing_and_stores_every_event(
+    keystore_path: Path, tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    n = 20_000
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    codec = LocalAESGCMCodec(keystore_path, audience="svc", observer=AuditObserver(sink, audience="svc"))
+    seal, unseal = codec.seal, codec.unseal
+    payload = b"x" * 300
+    for _ in range(n):
+        unseal(seal(payload))
+    assert sink.flush(timeout=120)
+    assert sink.dropped == 0
+    assert sink.written == 2 * n + 1  # and the ring-loaded event
+    assert len(sink.store.query(Query(op="seal"))) == n
+    assert len(sink.store.query(Query(op="unseal"))) == n
+    assert sink.healthy

@@ -1,0 +1,47 @@
+"""The example server's key-source flags, resolved in-process (what `python -m mrtr_keys.example` does first)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mrtr_keys.codecs.local import LocalAESGCMCodec
+from mrtr_keys.example.__main__ import build_parser, describe_security, security_from_args
+from mrtr_keys.keystores.file import FileKeystore
+
+
+def test_codec_from_ring_is_the_default_and_opens_the_rings_codec(keystore_path: Path) -> None:
+    args = build_parser().parse_args(["--keystore", str(keystore_path), "--audience", "provisioner"])
+    security = security_from_args(args)
+    assert security is not None
+    assert isinstance(security.codec, LocalAESGCMCodec)
+    assert (security.audience, security.ttl) == ("provisioner", 600.0)
+    kid = FileKeystore(keystore_path).load().primary.kid
+    assert f"primary key {kid}" in describe_security(security)
+
+
+def test_sdk_default_key_means_no_policy_so_the_sdk_makes_its_own_key(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["--keystore", str(tmp_path / "absent.json"), "--sdk-default-key"])
+    assert security_from_args(args) is None
+    assert "valid in this process only" in describe_security(None)
+
+
+def test_the_two_key_sources_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--codec-from-ring", "--sdk-default-key"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_create_ring_makes_a_local_ring_once_and_then_reuses_it(tmp_path: Path) -> None:
+    # What `make run` relies on: a ring under ./.mrtr/ on first run, the same ring after.
+    path = tmp_path / ".mrtr" / "keyring.json"
+    args = build_parser().parse_args(["--keystore", str(path), "--create-ring"])
+    first = security_from_args(args)
+    kid = FileKeystore(path).load().primary.kid
+    second = security_from_args(args)
+    assert first is not None and second is not None
+    assert FileKeystore(path).load().primary.kid == kid
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert second.codec.unseal(first.codec.seal(b"round")) == b"round"

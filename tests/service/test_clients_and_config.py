@@ -1,0 +1,120 @@
+"""`mrtr-keys clients ...`, the registry's hashing, the bearer parser and `serve` option checks (issue 4)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mrtr_keys.clients import ClientRegistry, add_client, hash_secret, load_registry
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.service.auth import bearer_secret
+from mrtr_keys.service.config import ServiceConfig, load_config
+from tests.fixtures.common import run_cli
+
+
+def test_clients_add_list_remove_through_the_cli(keystore_path: Path) -> None:
+    """Issue 4: add prints the secret once (--json: client and secret); list never shows it; remove."""
+    added = run_cli(
+        "clients",
+        "add",
+        "billing",
+        "--audience",
+        "billing",
+        "--audience",
+        "bill",
+        "--ops",
+        "seal",
+        "--json",
+        keystore=keystore_path,
+    )
+    assert added.code == 0, added.err
+    doc = added.json()
+    secret = doc["secret"]
+    assert doc["client"] == {
+        "name": "billing",
+        "audiences": ["bill", "billing"],
+        "ops": ["seal"],
+        "created_at": doc["client"]["created_at"],
+    }
+    assert secret.startswith("mks_") and len(secret) == 4 + 43
+    registry = keystore_path.parent / "clients.json"
+    assert secret not in registry.read_text()
+    assert registry.stat().st_mode & 0o777 == 0o600
+    assert load_registry(registry).authenticate(secret.encode()) is not None
+    listed = run_cli("clients", "list", "--json", keystore=keystore_path)
+    assert listed.json()["clients"][0]["name"] == "billing"
+    assert secret not in listed.out and hash_secret(secret) not in listed.out
+    again = run_cli("clients", "add", "billing", "--audience", "x", keystore=keystore_path)
+    assert again.code == 2 and "already exists" in again.err
+    bad = run_cli("clients", "add", "x", "--audience", "a", "--ops", "decrypt", keystore=keystore_path)
+    assert bad.code == 2 and "unknown operation" in bad.err
+    removed = run_cli("clients", "remove", "billing", keystore=keystore_path)
+    assert removed.code == 0 and "removed" in removed.out
+    assert len(load_registry(registry)) == 0
+
+
+def test_registry_lookup_is_by_hash_and_exact(tmp_path: Path) -> None:
+    """A secret authenticates its own client only; a near miss (case, prefix, extra byte) never does."""
+    path = tmp_path / "clients.json"
+    client, secret = add_client(path, "a", audiences=["billing"])
+    registry = load_registry(path)
+    assert registry.authenticate(secret) == client
+    for near in (secret.upper(), secret[:-1], secret + "A", " " + secret, ""):
+        assert registry.authenticate(near) is None
+    assert client.allows("seal", "billing") and not client.allows("seal", "Billing")
+    assert not client.allows("seal", "billing-admin") and not client.allows("rotate", "billing")
+    with pytest.raises(ConfigError):
+        ClientRegistry.loads(b'{"format": "mrtr-keys.clients", "version": 1, "clients": [{"name": "a"}]}')
+
+
+@given(st.binary(max_size=600))
+def test_bearer_parser_never_raises(value: bytes) -> None:
+    """Untrusted header bytes: the parser returns the secret or None, never raises (CONVENTIONS: hypothesis)."""
+    out = bearer_secret([(b"authorization", value)])
+    assert out is None or (value[7:].strip() == out and value[:7].lower() == b"bearer ")
+
+
+def test_bearer_parser_cases() -> None:
+    assert bearer_secret([(b"authorization", b"Bearer abc")]) == b"abc"
+    assert bearer_secret([(b"authorization", b"bearer abc")]) == b"abc"
+    assert bearer_secret([(b"authorization", b"Basic abc")]) is None
+    assert bearer_secret([(b"authorization", b"Bearer ")]) is None
+    assert bearer_secret([]) is None
+
+
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, 1e12, True])
+def test_reload_interval_out_of_range_is_refused(value: float) -> None:
+    """Numeric settings out of range (0, negative, NaN, infinity, 1e12) are refused with the setting's name."""
+    with pytest.raises(ConfigError, match="reload_interval"):
+        ServiceConfig(reload_interval=value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("port", 0), ("port", 70000), ("workers", 0), ("max_body_bytes", 10**12), ("max_batch_items", -1)],
+)
+def test_integer_settings_out_of_range_are_refused(name: str, value: int) -> None:
+    with pytest.raises(ConfigError, match=name):
+        ServiceConfig(**{name: value})  # type: ignore[arg-type]
+
+
+def test_serve_refuses_bad_options_with_exit_2(keystore_path: Path, tmp_path: Path) -> None:
+    """`mrtr-keys serve` exits 2 with one line naming the option; a config file with an unknown key too."""
+    for value in ("0", "nan"):  # the rest of the range checks: test_reload_interval_out_of_range_is_refused
+        r = run_cli("serve", "--reload-interval", value, keystore=keystore_path)
+        assert r.code == 2 and "reload_interval" in r.err, (value, r.err)
+    cfg = tmp_path / "sidecar.toml"
+    cfg.write_text("[sidecar]\nport = 8750\nreload = 3\n")
+    r = run_cli("serve", "--config", str(cfg), keystore=keystore_path)
+    assert r.code == 2 and "unknown sidecar setting" in r.err
+
+
+def test_config_file_and_overrides(tmp_path: Path) -> None:
+    cfg = tmp_path / "sidecar.toml"
+    cfg.write_text("[sidecar]\nport = 9000\nreload_interval = 5\nmax_batch_items = 10\n")
+    config = load_config(cfg).with_overrides(port=9001, host=None)
+    assert (config.port, config.reload_interval, config.max_batch_items, config.host) == (9001, 5, 10, "127.0.0.1")
