@@ -17,6 +17,8 @@ from __future__ import annotations
 import binascii
 import re
 
+import pybase64
+
 KID_BYTES = 4
 """Raw length of a kid inside a token (bytes)."""
 
@@ -27,7 +29,7 @@ MAX_TOKEN_CHARS = 65536
 """Longest token any codec accepts (characters); checked before decoding."""
 
 _B64_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-_PAD = (b"", b"", b"==", b"=")
+_PAD = ("", "", "==", "=")
 # Canonical last characters by ``len(text) % 4``: the unused low bits of the last
 # sextet must be zero (RFC 4648 section 3.5), 4 bits when 2 characters remain, 2 when 3 do.
 _CANONICAL_LAST: tuple[frozenset[str], ...] = (
@@ -43,8 +45,8 @@ class MalformedToken(ValueError):
 
 
 def b64u_encode(data: bytes) -> str:
-    """Unpadded base64url (RFC 4648 section 5) of `data`."""
-    return binascii.b2a_base64(data, newline=False).rstrip(b"=").replace(b"+", b"-").replace(b"/", b"_").decode("ascii")
+    """Unpadded base64url (RFC 4648 section 5) of `data` (SIMD base64 from `pybase64`)."""
+    return pybase64.b64encode(data, altchars=b"-_").rstrip(b"=").decode("ascii")
 
 
 def b64u_decode(text: str) -> bytes:
@@ -58,20 +60,13 @@ def b64u_decode(text: str) -> bytes:
         MalformedToken: `text` is not the canonical unpadded base64url of any bytes.
     """
     rem = len(text) & 3
-    if (
-        rem == 1
-        or not text.isascii()
-        or "+" in text
-        or "/" in text
-        or "=" in text
-        or (rem and text[-1] not in _CANONICAL_LAST[rem])
-    ):
+    # pybase64 with altchars also takes the standard alphabet's "+" and "/": refuse them here.
+    if rem == 1 or "=" in text or "+" in text or "/" in text or (rem and text[-1] not in _CANONICAL_LAST[rem]):
         raise MalformedToken("malformed")
     try:
-        # strict_mode refuses every character outside the (standard) alphabet, whitespace included.
-        std = text.encode("ascii").replace(b"-", b"+").replace(b"_", b"/")
-        return binascii.a2b_base64(std + _PAD[rem], strict_mode=True)
-    except (binascii.Error, ValueError):
+        # validate=True refuses every other character (whitespace, NUL); non-ASCII text is a ValueError.
+        return pybase64.b64decode(text + _PAD[rem], altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError, TypeError):
         raise MalformedToken("malformed") from None
 
 

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import MrtrKeysError
-from mrtr_keys.token import KID_BYTES, MAX_TOKEN_CHARS, MalformedToken, b64u_encode, kid_to_bytes, unpack
+from mrtr_keys.token import KID_BYTES, MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, kid_to_bytes
 
 TOKEN_PREFIX = "mk1."  # noqa: S105 - a format version, not a secret
 """Format version of AES-GCM core tokens; differs from the MCP SDK's ``v1.``."""
@@ -47,6 +47,9 @@ MAX_PAYLOAD_BYTES = (MAX_TOKEN_CHARS - len(TOKEN_PREFIX)) * 3 // 4 - KID_BYTES -
 """Largest payload `seal` accepts (49117 bytes): its token is exactly `MAX_TOKEN_CHARS` long,
 so everything `seal` returns is something `unseal` will open."""
 _PREFIX_BYTES = TOKEN_PREFIX.encode("ascii")
+_PREFIX_LEN = len(TOKEN_PREFIX)
+_NONCE_END = KID_BYTES + NONCE_BYTES
+_MIN_RAW = KID_BYTES + NONCE_BYTES + TAG_BYTES
 _NONCES_PER_BLOCK = 512
 _NONCE_BLOCK = NONCE_BYTES * _NONCES_PER_BLOCK
 
@@ -190,16 +193,26 @@ class AESGCMTokenCore:
             InvalidRequestState: reason ``too long``, ``malformed``, ``unknown kid``,
                 ``retired kid`` or ``seal`` (authentication failed).
         """
+        # `token.unpack`, inlined on this hot path: type, cap, prefix, strict base64url, minimum length.
+        if type(token) is not str:
+            self._rejected(None, token, "malformed")
+        if len(token) > MAX_TOKEN_CHARS:
+            self._rejected(None, token, "too long")
+        if not token.startswith(TOKEN_PREFIX):
+            self._rejected(None, token, "malformed")
         try:
-            raw_kid, body = unpack(TOKEN_PREFIX, token, min_body=NONCE_BYTES + TAG_BYTES)
-        except MalformedToken as exc:
-            self._rejected(None, token, str(exc))
+            raw = b64u_decode(token[_PREFIX_LEN:])
+        except MalformedToken:
+            self._rejected(None, token, "malformed")
+        if len(raw) < _MIN_RAW:
+            self._rejected(None, token, "malformed")
+        raw_kid = raw[:KID_BYTES]
         entry = self._ring.get(raw_kid)
         if entry is None:
             self._rejected(raw_kid, token, "retired kid" if raw_kid in self._retired else "unknown kid")
         decrypt, aad, kid = entry
         try:
-            payload = decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], aad)
+            payload = decrypt(raw[KID_BYTES:_NONCE_END], raw[_NONCE_END:], aad)
         except InvalidTag:
             self._rejected(raw_kid, token, "seal")
         if self._observer is not None:
@@ -208,7 +221,8 @@ class AESGCMTokenCore:
 
     def _rejected(self, raw_kid: bytes | None, token: str, reason: str) -> NoReturn:
         if self._observer is not None:
-            self._observer.rejected(raw_kid.hex() if raw_kid is not None else None, token, reason)
+            text = token if type(token) is str else ""
+            self._observer.rejected(raw_kid.hex() if raw_kid is not None else None, text, reason)
         reject(reason)
 
 

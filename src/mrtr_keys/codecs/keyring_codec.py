@@ -45,28 +45,26 @@ class KeyRingCodec:
         audience: str,
         observer: CodecObserver | None = None,
     ) -> None:
-        self._keystore: Keystore | None = (
-            open_keystore(keystore) if isinstance(keystore, str | os.PathLike) else keystore
-        )
-        self._audience = audience
-        self._observer = observer
-        self._lock = threading.Lock()
-        assert self._keystore is not None
-        ring = self._keystore.load()
-        self._ring, self._core = ring, self._build(ring)
-        self._ring_loaded(ring)
+        store = open_keystore(keystore) if isinstance(keystore, str | os.PathLike) else keystore
+        self._start(store, store.load(), audience=audience, observer=observer)
 
     @classmethod
     def from_ring(cls, ring: KeyRing, *, audience: str, observer: CodecObserver | None = None) -> KeyRingCodec:
         """A codec over a ring already in memory (no keystore; `reload()` then does nothing)."""
         self = cls.__new__(cls)
-        self._keystore = None
+        self._start(None, ring, audience=audience, observer=observer)
+        return self
+
+    def _start(
+        self, keystore: Keystore | None, ring: KeyRing, *, audience: str, observer: CodecObserver | None
+    ) -> None:
+        """Shared set-up of `__init__` and `from_ring` (subclasses' constructors end here too)."""
+        self._keystore = keystore
         self._audience = audience
         self._observer = observer
         self._lock = threading.Lock()
-        self._ring, self._core = ring, self._build(ring)
+        self._install(ring, self._build(ring))
         self._ring_loaded(ring)
-        return self
 
     def __repr__(self) -> str:
         return (
@@ -113,9 +111,17 @@ class KeyRingCodec:
             return False
         core = self._build(ring)
         with self._lock:
-            self._ring, self._core = ring, core
+            self._install(ring, core)
         self._ring_loaded(ring)
         return True
+
+    def _install(self, ring: KeyRing, core: AESGCMTokenCore) -> None:
+        """Switch to `ring`. The core's bound `seal`/`unseal` shadow the methods below on the
+        instance, saving a call frame per token; each is a complete codec for the ring it was built
+        from, so a caller racing a reload gets the old ring or the new one, never a mix."""
+        self._ring, self._core = ring, core
+        self.seal = core.seal  # type: ignore[method-assign]
+        self.unseal = core.unseal  # type: ignore[method-assign]
 
     def _ring_loaded(self, ring: KeyRing) -> None:
         """Tell an audit observer (if it has `ring_loaded`) this instance now uses `ring`'s generation;

@@ -14,7 +14,6 @@ or unseal is never silently skipped or made primary.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
@@ -84,12 +83,7 @@ class KMSEnvelopeCodec(KeyRingCodec):
         """A codec over a ring already in memory (unwraps now; `reload()` then does nothing)."""
         self = cls.__new__(cls)
         self._init_kms(client, service, settings, kms_key_id)
-        self._keystore = None
-        self._audience = audience
-        self._observer = observer
-        self._lock = threading.Lock()
-        self._ring, self._core = ring, self._build(ring)
-        self._ring_loaded(ring)
+        self._start(None, ring, audience=audience, observer=observer)
         return self
 
     def _init_kms(
