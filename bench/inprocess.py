@@ -1,0 +1,214 @@
+"""Part 1: in-process seal/unseal of a 300-byte envelope, every codec next to its anchors.
+
+Subjects: the local codec, the KMS data-key codec (on moto server, started here) and the
+Vault data-key codec (on an OpenBao dev server, started here). Anchors: the MCP SDK's
+built-in `AESGCMRequestStateCodec`, and raw `AESGCM.encrypt` + `decrypt` with a fresh
+``os.urandom(12)`` nonce (the limit for any AES-GCM token codec in Python).
+The data-key codecs reach their key service through a `CountingProxy`, so the number of
+remote calls made while tokens are sealed and unsealed is counted, not assumed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import Settings, envelope_payload
+from bench.report import Row, spread_of
+from bench.services import AUDIENCE, CountingProxy, Services, module_available
+from bench.timing import Loop, interleaved, median, paired_ratio
+
+PART = "inprocess"
+OPS = ("seal", "unseal", "seal+unseal")
+SDK = "SDK built-in"
+RAW = "raw AES-GCM"
+LOCAL = "local"
+KMS = "KMS datakey"
+VAULT_DK = "Vault datakey"
+B64 = "base64url encode+decode only"
+
+
+@dataclass
+class Subject:
+    name: str
+    codec: Any | None = None
+    proxy: CountingProxy | None = None
+    missing: str = ""
+
+
+def codec_loops(codec: Any, payload: bytes) -> dict[str, Loop]:
+    seal, unseal = codec.seal, codec.unseal
+    token = seal(payload)
+    assert unseal(token) == payload
+
+    def seal_loop(n: int) -> None:
+        for _ in range(n):
+            seal(payload)
+
+    def unseal_loop(n: int) -> None:
+        for _ in range(n):
+            unseal(token)
+
+    def both_loop(n: int) -> None:
+        for _ in range(n):
+            unseal(seal(payload))
+
+    return {"seal": seal_loop, "unseal": unseal_loop, "seal+unseal": both_loop}
+
+
+def raw_loops(payload: bytes) -> dict[str, Loop]:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    aead = AESGCM(os.urandom(32))
+    enc, dec, rnd = aead.encrypt, aead.decrypt, os.urandom
+    aad = b"v1." + os.urandom(4)
+    nonce0 = rnd(12)
+    sealed0 = enc(nonce0, payload, aad)
+
+    def seal_loop(n: int) -> None:
+        for _ in range(n):
+            nonce = rnd(12)
+            enc(nonce, payload, aad)
+
+    def unseal_loop(n: int) -> None:
+        for _ in range(n):
+            dec(nonce0, sealed0, aad)
+
+    def both_loop(n: int) -> None:
+        for _ in range(n):
+            nonce = rnd(12)
+            dec(nonce, enc(nonce, payload, aad), aad)
+
+    return {"seal": seal_loop, "unseal": unseal_loop, "seal+unseal": both_loop}
+
+
+def b64_loops(payload: bytes) -> dict[str, Loop]:
+    """The token framing alone (strict base64url of kid+nonce+ciphertext+tag, both ways): the floor
+    any codec pays on top of raw AES-GCM for a text token."""
+    from mrtr_keys.token import b64u_decode, b64u_encode
+
+    body = os.urandom(4 + 12 + len(payload) + 16)
+    text = b64u_encode(body)
+
+    def both_loop(n: int) -> None:
+        for _ in range(n):
+            b64u_encode(body)
+            b64u_decode(text)
+
+    return {"seal+unseal": both_loop}
+
+
+def _local(workdir: Path) -> Any:
+    from mrtr_keys.creation import create_ring
+    from mrtr_keys.keystores.file import FileKeystore
+    from mrtr_keys.security import open_codec
+
+    path = workdir / "local-ring.json"
+    create_ring(FileKeystore(path))
+    return open_codec(path, audience=AUDIENCE)
+
+
+def _kms(services: Services) -> Subject:
+    if not module_available("mrtr_keys.backends.kms"):
+        return Subject(KMS, missing="n/a (not built): mrtr_keys.backends.kms")
+    import boto3
+
+    from mrtr_keys.creation import create_ring
+    from mrtr_keys.keyring import CodecSpec
+    from mrtr_keys.keystores.file import FileKeystore
+    from mrtr_keys.security import open_codec
+
+    moto = services.moto
+    proxy = services.proxy(moto.port)
+    os.environ.update({**moto.env(), "AWS_ENDPOINT_URL": proxy.url})
+    arn = boto3.client("kms").create_key()["KeyMetadata"]["Arn"]
+    path = services.workdir / "kms-ring.json"
+    create_ring(FileKeystore(path), codec=CodecSpec("kms", {"kms_key_id": arn}))
+    return Subject(KMS, open_codec(path, audience=AUDIENCE), proxy)
+
+
+def _vault_datakey(services: Services) -> Subject:
+    if not module_available("mrtr_keys.backends.vault_transit"):
+        return Subject(VAULT_DK, missing="n/a (not built): mrtr_keys.backends.vault_transit")
+    from bench.vault_remote import vault_ring
+
+    bao = services.bao
+    proxy = services.proxy(bao.port)
+    os.environ.update({**bao.env(), "VAULT_ADDR": proxy.url, "BAO_ADDR": proxy.url})
+    codec = vault_ring(services, name="bench-datakey", mode="datakey")
+    return Subject(VAULT_DK, codec, proxy)
+
+
+def _guarded(name: str, build: Callable[[], Subject]) -> Subject:
+    try:
+        return build()
+    except Exception as exc:  # a module mid-build must not stop the other rows
+        return Subject(name, missing=f"n/a (error: {type(exc).__name__}: {str(exc)[:120]})")
+
+
+def run(services: Services, settings: Settings) -> list[Row]:
+    payload = envelope_payload()
+    from mcp.server.request_state import AESGCMRequestStateCodec
+
+    subjects = [
+        Subject(SDK, AESGCMRequestStateCodec([os.urandom(32)])),
+        Subject(LOCAL, _local(services.workdir)),
+        _guarded(KMS, lambda: _kms(services)),
+        _guarded(VAULT_DK, lambda: _vault_datakey(services)),
+    ]
+    live = [s for s in subjects if s.codec is not None]
+    loops: dict[str, dict[str, Loop]] = {RAW: raw_loops(payload), B64: b64_loops(payload)}
+    for s in live:
+        loops[s.name] = codec_loops(s.codec, payload)
+    calls_before = {s.name: s.proxy.requests for s in live if s.proxy is not None}
+
+    results: dict[str, dict[str, list[float]]] = {}
+    tokens = 0
+    for op in OPS:
+        results[op] = interleaved(
+            {name: per_op[op] for name, per_op in loops.items() if op in per_op},
+            repeats=settings.repeats,
+            inner=settings.inner,
+        )
+        per_subject = settings.inner * settings.repeats + max(1, settings.inner // 10)
+        tokens += per_subject * (2 if op == "seal+unseal" else 1)
+
+    rows: list[Row] = []
+    for op in OPS:
+        r = results[op]
+        for name in r:
+            if op == "seal+unseal" and name in (KMS, VAULT_DK):
+                continue  # reported below against the local codec, their target's anchor
+            anchor = RAW if name in (SDK, B64) else SDK if name != RAW else ""
+            row = Row(PART, f"{name} {op}", "µs", median(r[name]), spread_of(r[name]), samples=r[name])
+            if anchor:
+                row.anchor, row.ratio = anchor, paired_ratio(r[name], r[anchor])
+            if op == "seal+unseal" and name == LOCAL:
+                row.decide(row.ratio, "<= 0.7x")
+            rows.append(row)
+        if op == "seal+unseal":
+            row = Row(PART, f"{LOCAL} {op}", "µs", median(r[LOCAL]), spread_of(r[LOCAL]), RAW)
+            row.ratio = paired_ratio(r[LOCAL], r[RAW])
+            rows.append(row.decide(row.ratio, "<= 2.0x"))
+            for s in subjects:
+                if s.name in (KMS, VAULT_DK):
+                    if s.codec is None:
+                        rows.append(Row.missing(PART, f"{s.name} {op}", s.missing, target="<= 1.1x"))
+                        continue
+                    row = Row(PART, f"{s.name} {op}", "µs", median(r[s.name]), spread_of(r[s.name]), LOCAL)
+                    row.ratio = paired_ratio(r[s.name], r[LOCAL])
+                    rows.append(row.decide(row.ratio, "<= 1.1x"))
+    for s in subjects:
+        if s.name not in (KMS, VAULT_DK):
+            continue
+        name = f"{s.name} remote calls while timing"
+        if s.codec is None or s.proxy is None:
+            rows.append(Row.missing(PART, name, s.missing, target="== 0 calls"))
+            continue
+        calls = s.proxy.requests - calls_before[s.name]
+        row = Row(PART, name, "calls", float(calls), note=f"over {tokens:,} seals+unseals, counted at a proxy")
+        rows.append(row.decide(float(calls), "== 0 calls"))
+    return rows
