@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 from mrtr_keys.audit.chain import Record
@@ -42,6 +43,7 @@ class SQLStore:
     def __init__(self, url: str) -> None:
         self._url = url
         self._lock = threading.RLock()
+        self._insert_cache: dict[int, str] = {}
         self._conn: Any = self._connect()
         try:
             self._migrate()
@@ -97,17 +99,30 @@ class SQLStore:
             self._conn.commit()
             return int(row[0]) if row and row[0] is not None else 0
 
+    ROWS_PER_INSERT = 500
+    """Rows per multi-row ``INSERT ... VALUES (...), (...)`` statement (7 500 bound values; one
+    statement per chunk costs less than one execution per row)."""
+
+    def _insert_sql(self, n: int) -> str:
+        sql = self._insert_cache.get(n)
+        if sql is None:
+            row = "(" + ", ".join([self.PARAM] * len(SQL_COLUMNS)) + ")"
+            sql = f"INSERT INTO audit_events ({', '.join(SQL_COLUMNS)}) VALUES " + ", ".join([row] * n)  # noqa: S608 - fixed names, bound values
+            if len(self._insert_cache) < 8:
+                self._insert_cache[n] = sql
+        return sql
+
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
         if not rows:
             return
-        p = self.PARAM
-        cols, marks = ", ".join(SQL_COLUMNS), ", ".join([p] * len(SQL_COLUMNS))
-        sql = f"INSERT INTO audit_events ({cols}) VALUES ({marks})"  # noqa: S608 - fixed names, bound values
+        step = self.ROWS_PER_INSERT
         with self._lock:
             try:
                 cur = self._conn.cursor()
                 self._begin(cur)
-                cur.executemany(sql, rows)
+                for start in range(0, len(rows), step):
+                    chunk = rows[start : start + step]
+                    cur.execute(self._insert_sql(len(chunk)), list(chain.from_iterable(chunk)))
                 self._conn.commit()
             except self._db_errors as exc:
                 try:

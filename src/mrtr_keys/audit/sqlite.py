@@ -39,6 +39,8 @@ class SQLiteStore(SQLStore):
 
     PARAM = "?"
     AUTOINC = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    # SQLite before 3.32 allows only 999 bound values per statement (SQLITE_MAX_VARIABLE_NUMBER).
+    ROWS_PER_INSERT = 500 if sqlite3.sqlite_version_info >= (3, 32, 0) else 60
     _db_errors = (sqlite3.Error,)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from mrtr_keys.audit.chain import Record
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The schema this code writes; stores migrate older ones on open (see `SQL_MIGRATIONS`)."""
 
 FILTER_FIELDS = ("kid", "audience", "op", "outcome", "reason", "client", "instance", "fingerprint")
@@ -131,9 +131,21 @@ SQL_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX audit_events_op_time ON audit_events (op, time)",
         "CREATE INDEX audit_events_fingerprint ON audit_events (fingerprint)",
     ),
+    # v2: only the indexes the queries need, since every index costs each insert (the fingerprint
+    # index, random keys, cost more than the row itself). Kept: `time` (every --since/--until,
+    # the promote gate's window); new: (op, kid, time) for the rotation gates (op=seal + kid +
+    # time for retire, op=begin + kid, op=ring-loaded for promote) and `--op`/`--kid` queries.
+    # Other filters (`--token`'s fingerprint, --client, ...) scan, within `--since` if given.
+    2: (
+        "DROP INDEX IF EXISTS audit_events_fingerprint",
+        "DROP INDEX IF EXISTS audit_events_kid_time",
+        "DROP INDEX IF EXISTS audit_events_op_time",
+        "CREATE INDEX audit_events_op_kid_time ON audit_events (op, kid, time)",
+    ),
 }
 """The one SQL schema (SQLite and PostgreSQL), as numbered migrations; ``schema_version`` holds the
-number applied. ``{autoinc}`` is each dialect's auto-increment primary key."""
+number applied. ``{autoinc}`` is each dialect's auto-increment primary key. A store at an older
+version is migrated on open, in one transaction (PostgreSQL: under an advisory lock)."""
 
 
 def record_row(r: Record) -> tuple[object, ...]:

@@ -55,39 +55,45 @@ def item_values(
 
     `cache` (token -> fingerprint, for tokens a codec minted or accepted) saves the second HMAC
     when a batch holds both the seal and the unseal of one token; the caller bounds its size.
+    Times are formatted as `mrtr_keys.audit.events.format_ts` does, the date and time of day
+    once per second of events.
     """
-    from mrtr_keys.audit.events import format_ts
+    from datetime import UTC, datetime
 
     fp_ok = fingerprinter.fingerprint_canonical
     fp_any = fingerprinter.fingerprint
+    if cache is None:
+        cache = {}
+    get = cache.get
+    fromtimestamp = datetime.fromtimestamp
+    last_sec, prefix = -1, ""
     out: list[tuple[object, ...]] = []
     append = out.append
-    for x in items:
-        token = x[TOKEN]
+    for op, outcome, kid, token, reason, ts, audience, generation, client, dur in items:
         if token is None:
             fp = None
-        elif x[OUTCOME] == _OK:
-            if cache is None:
-                fp = fp_ok(token)
-            else:
-                fp = cache.get(token)
-                if fp is None:
-                    fp = cache[token] = fp_ok(token)
+        elif outcome == _OK:
+            fp = get(token)
+            if fp is None:
+                fp = cache[token] = fp_ok(token)
         else:
             fp = fp_any(token)
-        dur = x[DURATION]
+        sec = int(ts)
+        if sec != last_sec:
+            last_sec, prefix = sec, fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        micros = int((ts - sec) * 1_000_000)
         append(
             (
-                format_ts(x[TIME]),
+                f"{prefix}{micros if micros < 999_999 else 999_999:06d}Z",
                 instance,
-                x[CLIENT],
-                x[AUDIENCE],
-                x[KID],
-                x[OP],
-                x[OUTCOME],
-                x[REASON],
+                client,
+                audience,
+                kid,
+                op,
+                outcome,
+                reason,
                 fp,
-                x[GENERATION],
+                generation,
                 None if dur is None else round(float(dur), 3),
             )
         )
