@@ -74,8 +74,14 @@ def test_add_and_remove_are_idempotent(billing: FileKeystore) -> None:
     assert billing.load().generation == 1
 
 
-def test_removing_the_last_audience_makes_the_scope_any(billing: FileKeystore) -> None:
-    result = audience.remove(billing, "billing")
+def test_removing_the_last_audience_is_refused_unless_allow_any(billing: FileKeystore) -> None:
+    """Our decision: an empty scope allows ANY audience, so a revocation must not open it by accident."""
+    with pytest.raises(ConfigError, match="--allow-any"):
+        audience.remove(billing, "billing")
+    assert billing.load().audiences == ("billing",)
+    with pytest.raises(AudienceError):
+        LocalAESGCMCodec(billing, audience="anything")
+    result = audience.remove(billing, "billing", allow_any=True)
     assert result.ring.audiences == () and "allows any audience" in result.message
     LocalAESGCMCodec(billing, audience="anything")
 

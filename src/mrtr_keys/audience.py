@@ -37,12 +37,24 @@ def add(keystore: Keystore, name: str, *, now: datetime | None = None) -> Change
     return apply_change(keystore, "audience", transform, now=now)
 
 
-def remove(keystore: Keystore, name: str, *, now: datetime | None = None) -> ChangeResult:
-    """Remove `name` from the scope (no-op if absent). Removing the last one makes the scope empty (any)."""
+def remove(keystore: Keystore, name: str, *, allow_any: bool = False, now: datetime | None = None) -> ChangeResult:
+    """Remove `name` from the scope (no-op if absent).
+
+    Removing the last audience would leave the scope empty, which allows ANY audience: a
+    revocation that widens access. That needs `allow_any=True` (``--allow-any``).
+
+    Raises:
+        ConfigError: `name` is the last audience and `allow_any` is False.
+    """
 
     def transform(ring: KeyRing, at: datetime) -> ChangeResult:
         if name not in ring.audiences:
             return ChangeResult("audience", False, ring, f"audience {name!r} is not in scope")
+        if ring.audiences == (name,) and not allow_any:
+            raise ConfigError(
+                f"{name!r} is the last audience in scope; removing it would allow ANY audience. "
+                "Add the audience that should remain first, or pass --allow-any to open the scope"
+            )
         after = ring.next_generation(audiences=tuple(a for a in ring.audiences if a != name))
         msg = f"audience {name!r} removed"
         if not after.audiences:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -10,8 +9,8 @@ from typing import Any
 from mrtr_keys.audience import check_name
 from mrtr_keys.backends import backend_for
 from mrtr_keys.changes import ChangeResult, _listeners
-from mrtr_keys.errors import ConfigError, KeyRingExists
-from mrtr_keys.keyring import DEFAULT_TTL_SECONDS, CodecSpec, KeyRing, KeyState, new_kid, new_ring_id, utcnow
+from mrtr_keys.errors import KeyRingExists
+from mrtr_keys.keyring import DEFAULT_TTL_SECONDS, CodecSpec, KeyRing, KeyState, check_ttl, new_kid, new_ring_id, utcnow
 from mrtr_keys.keystores import Keystore
 
 
@@ -35,8 +34,7 @@ def create_ring(
         KeyRingExists: a ring is already stored there (it is left untouched).
         ConfigError: bad TTL or audience; BackendUnavailable: the backend could not make a key.
     """
-    if not (math.isfinite(ttl) and ttl > 0):
-        raise ConfigError("--ttl must be a positive number of seconds")
+    ttl = check_ttl(ttl)
     for a in audiences:
         check_name(a)
     if keystore.exists():

@@ -42,6 +42,12 @@ class KeyRingExists(KeystoreError):
     """`init` refused: a key ring already exists there and is never overwritten."""
 
 
+class KeystoreBusy(KeystoreError):
+    """Another run held the key ring's lock for longer than the lock timeout (exit 75: retry later)."""
+
+    exit_code = 75
+
+
 class ConflictError(KeystoreError):
     """Compare-and-swap lost: the key ring's generation changed since it was read."""
 

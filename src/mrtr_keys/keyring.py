@@ -45,6 +45,11 @@ VERSION = 1
 KEY_BYTES = 32
 DEFAULT_TTL_SECONDS = 600.0
 """The MCP SDK's default `RequestStateSecurity(ttl=...)`, in seconds."""
+MAX_TTL_SECONDS = 30 * 24 * 3600.0
+"""Longest TTL a ring accepts (30 days): a round that waits longer is better restarted, and the
+retire gate (promote + TTL + 60 s) must stay a date that can be computed and printed."""
+MAX_GENERATION = 2**53 - 1
+"""Largest generation (the largest integer every JSON reader and a PostgreSQL bigint agree on)."""
 
 
 class KeyState(StrEnum):
@@ -53,6 +58,19 @@ class KeyState(StrEnum):
     VERIFY = "verify"
     PRIMARY = "primary"
     RETIRED = "retired"
+
+
+def check_ttl(ttl: object) -> float:
+    """`ttl` as float seconds if it is a usable ring TTL (finite, > 0, <= `MAX_TTL_SECONDS`).
+
+    Raises:
+        ConfigError: anything else, in one line naming ``--ttl``.
+    """
+    from mrtr_keys.errors import ConfigError
+
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (0 < ttl <= MAX_TTL_SECONDS):
+        raise ConfigError(f"--ttl must be a number of seconds above 0 and at most {MAX_TTL_SECONDS:g} (30 days)")
+    return float(ttl)
 
 
 def utcnow() -> datetime:
@@ -235,6 +253,8 @@ class KeyRing:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError):
             raise KeyRingError("key ring is not valid JSON") from None
+        except RecursionError:
+            raise KeyRingError("key ring JSON is nested too deeply") from None
         return cls.from_json(doc)
 
     @classmethod
@@ -334,10 +354,10 @@ def _decode_material(value: object, kid: str) -> bytes:
 def _validate(ring: KeyRing) -> None:
     if not ring.ring_id or not ring.ring_id.isascii() or len(ring.ring_id) > 64:
         raise KeyRingError("ring_id must be 1-64 ASCII characters")
-    if ring.generation < 1:
-        raise KeyRingError("generation must be >= 1")
-    if not (math.isfinite(ring.ttl_seconds) and ring.ttl_seconds > 0):
-        raise KeyRingError("ttl_seconds must be a positive finite number of seconds")
+    if not 1 <= ring.generation <= MAX_GENERATION:
+        raise KeyRingError(f"generation must be between 1 and {MAX_GENERATION}")
+    if not (math.isfinite(ring.ttl_seconds) and 0 < ring.ttl_seconds <= MAX_TTL_SECONDS):
+        raise KeyRingError(f"ttl_seconds must be a number of seconds above 0 and at most {MAX_TTL_SECONDS:g}")
     seen: set[str] = set()
     for k in ring.keys:
         if k.kid in seen:

@@ -24,7 +24,7 @@ from typing import Any
 from mrtr_keys.backends import Backend, backend_for
 from mrtr_keys.changes import ChangeResult, apply_change
 from mrtr_keys.errors import ConfigError, NotYet, RotationError
-from mrtr_keys.keyring import Key, KeyRing, KeyState, format_time, new_kid
+from mrtr_keys.keyring import Key, KeyRing, KeyState, check_ttl, format_time, new_kid
 from mrtr_keys.keystores import Keystore
 
 FUTURE_SKEW_SECONDS = 60.0
@@ -94,6 +94,12 @@ def begin(ring: KeyRing, now: datetime, backend: Backend, *, ttl: float | None =
     st = status(ring, now)
     if st.phase is Phase.BEGUN:
         assert st.new is not None
+        if ttl is not None and check_ttl(ttl) != ring.ttl_seconds:
+            raise RotationError(
+                f"rotation already begun with TTL {ring.ttl_seconds:g} s; --ttl {ttl:g} was not applied. "
+                "A TTL is set when a rotation begins: finish this one (mrtr-keys rotate promote, then retire) "
+                "and pass --ttl to the next begin"
+            )
         return ChangeResult(
             "begin",
             False,
@@ -110,7 +116,7 @@ def begin(ring: KeyRing, now: datetime, backend: Backend, *, ttl: float | None =
         )
     changes: dict[str, Any] = {}
     if ttl is not None:
-        changes["ttl_seconds"] = _check_ttl(ttl)
+        changes["ttl_seconds"] = check_ttl(ttl)
     kid = new_kid(k.kid for k in ring.keys)
     key = backend.new_key(ring_id=ring.ring_id, kid=kid, state=KeyState.VERIFY, audiences=ring.audiences, now=now)
     after = ring.next_generation(keys=(*ring.keys, key), **changes)
@@ -212,12 +218,6 @@ def retire(ring: KeyRing, now: datetime, *, force: bool = False) -> ChangeResult
 def _last_retired(ring: KeyRing) -> Key | None:
     retired = [k for k in ring.keys if k.state is KeyState.RETIRED and k.retired_at is not None]
     return max(retired, key=lambda k: k.retired_at or k.created_at, default=None)
-
-
-def _check_ttl(ttl: float) -> float:
-    if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
-        raise ConfigError("--ttl must be a positive number of seconds")
-    return float(ttl)
 
 
 def transition(

@@ -150,7 +150,7 @@ def test_a_whole_rotation_with_every_refusal_and_rerun(keystore_path: Path) -> N
     line = refused(early, 75, f"retiring {old} now would reject tokens still in flight", "TTL 600 s + 60 s")
     assert 600 < int(line.split("waiting ")[1].split(" s")[0]) <= 660
     refused(nxt, 75, "waiting")
-    assert nxt.out == ""
+    assert nxt.json()["exit_code"] == 75 and 600 < nxt.json()["wait_seconds"] <= 660  # --json: an error object
     assert FileKeystore(ks).load().generation == 3, "a refused step writes nothing"
 
     forced = ok(run_cli("rotate", "retire", "--force", "--json", keystore=ks)).json()
@@ -239,7 +239,10 @@ def test_audience_list_add_remove(keystore_path: Path) -> None:
     assert ok(again).json()["changed"] is False
     assert ok(listed).json() == {"audiences": ["billing"], "any": False, "generation": 2}
     assert ok(human).out == "billing\n"
-    removed = ok(run_cli("audience", "remove", "billing", "--json", keystore=ks)).json()
+    last = run_cli("audience", "remove", "billing", "--json", keystore=ks)
+    refused(last, 2, "--allow-any")
+    assert last.json()["exit_code"] == 2 and "ANY audience" in last.json()["error"]  # --json: an error object
+    removed = ok(run_cli("audience", "remove", "billing", "--allow-any", "--json", keystore=ks)).json()
     assert removed["audiences"] == [] and "allows any audience" in removed["message"]
     refused(run_cli("audience", "add", " spaced", keystore=ks), 2, "printable")
 
@@ -365,3 +368,16 @@ def test_bad_rings_are_one_line_errors_without_material(tmp_path: Path) -> None:
         for material in bad.material:
             assert material not in r.err + r.out
         assert json.loads(path.read_text()) == bad.doc, "a refused command never rewrites the ring"
+
+
+def test_ttl_bounds_and_a_ttl_change_mid_rotation_are_refused(tmp_path: Path) -> None:
+    """Our decision: a TTL is 0 < ttl <= 30 days (the retire gate must stay a printable date), set at init or
+    at a begin; a different --ttl on a rerun of begin is refused rather than silently ignored."""
+    ks = tmp_path / "keyring.json"
+    for bad in ("0", "-5", "1e12", "nan", "inf"):
+        refused(run_cli("init", "--ttl", bad, keystore=ks), 2, "--ttl")
+    assert not ks.exists()
+    ok(run_cli("init", "--ttl", "120", keystore=ks))
+    ok(run_cli("rotate", "begin", keystore=ks))
+    refused(run_cli("rotate", "begin", "--ttl", "900", keystore=ks), 1, "already begun with TTL 120 s")
+    assert "already begun" in ok(run_cli("rotate", "begin", "--ttl", "120", keystore=ks)).out

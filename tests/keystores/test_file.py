@@ -176,3 +176,27 @@ def test_threads_sharing_one_keystore_serialise_their_changes(keystore: FileKeys
 def test_run_step_reads_and_writes_through_the_keystore(keystore: FileKeystore) -> None:
     result = run_step(keystore, "begin")
     assert keystore.load() == result.ring and mode(keystore.path) == 0o600
+
+
+def test_a_writer_gives_up_on_a_held_lock_with_exit_75_and_changes_nothing(tmp_path: Path) -> None:
+    """Our decision: a stuck run never hangs a deploy step; after MRTR_KEYS_LOCK_TIMEOUT it is 'retry later'."""
+    import fcntl
+
+    from tests.fixtures.common import run_cli
+
+    path = tmp_path / "keyring.json"
+    create_ring(FileKeystore(path))
+    with open(str(path) + ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = run_cli("audience", "add", "billing", keystore=path, env={"MRTR_KEYS_LOCK_TIMEOUT": "0.3"})
+    assert r.code == 75, r.err
+    assert "locked by another run" in r.err and len(r.err.strip().splitlines()) == 1
+    assert FileKeystore(path).load().audiences == ()
+
+
+def test_a_deeply_nested_ring_is_a_one_line_load_error(tmp_path: Path) -> None:
+    path = tmp_path / "keyring.json"
+    path.write_text("[" * 100_000)
+    path.chmod(0o600)
+    with pytest.raises(KeyRingError, match="nested too deeply"):
+        FileKeystore(path).load()

@@ -53,13 +53,16 @@ app.add_typer(clients_cmd.app, name="clients")
 
 def run() -> None:
     """Console-script entry point: run the app, map errors to one line and an exit code."""
-    from mrtr_keys.cli.output import error
+    from mrtr_keys.cli.output import error, json_requested, print_json_error
     from mrtr_keys.errors import MrtrKeysError
 
     try:
         code = app(standalone_mode=False, prog_name="mrtr-keys")
     except MrtrKeysError as exc:
         error(str(exc))
+        if json_requested(sys.argv[1:]):
+            wait = getattr(exc, "wait_seconds", None)
+            print_json_error(str(exc), exc.exit_code, **({"wait_seconds": round(wait, 3)} if wait is not None else {}))
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -28,7 +28,11 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         table.add_column(col)
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    Console(soft_wrap=True).print(table)
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:  # piped: never cut columns to a guessed 80; let the table be as wide as it is
+        console = Console(soft_wrap=True, width=max(console.width, 400))
+        table.expand = False
+    console.print(table)
 
 
 def print_fields(title: str | None, fields: dict[str, Any]) -> None:
@@ -37,5 +41,15 @@ def print_fields(title: str | None, fields: dict[str, Any]) -> None:
 
 
 def error(text: str) -> None:
-    """One line on stderr, prefixed with the program name."""
-    sys.stderr.write(f"mrtr-keys: {text}\n")
+    """One line on stderr, prefixed with the program name (inner newlines and tabs folded)."""
+    sys.stderr.write(f"mrtr-keys: {' '.join(text.split())}\n")
+
+
+def json_requested(argv: Sequence[str]) -> bool:
+    """True if the command line asked for ``--json`` (errors are then also a JSON object on stdout)."""
+    return "--json" in argv
+
+
+def print_json_error(message: str, exit_code: int, **extra: Any) -> None:
+    """``{"error": ..., "exit_code": ...}`` on stdout, so a pipeline parsing --json always gets JSON."""
+    print_json({"error": " ".join(message.split()), "exit_code": exit_code, **extra})

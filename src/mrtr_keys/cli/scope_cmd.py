@@ -27,12 +27,15 @@ def list_(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
             print_line(a)
 
 
-def _change(op: str, name: str, keystore_: str | None, json_: bool) -> None:
+def _change(op: str, name: str, keystore_: str | None, json_: bool, *, allow_any: bool = False) -> None:
     from mrtr_keys import audience
     from mrtr_keys.cli.output import print_json, print_line
 
-    fn = audience.add if op == "add" else audience.remove
-    result = fn(keystore(keystore_), name)
+    store = keystore(keystore_)
+    if op == "add":
+        result = audience.add(store, name)
+    else:
+        result = audience.remove(store, name, allow_any=allow_any)
     if json_:
         print_json(
             {
@@ -53,6 +56,13 @@ def add(name: NameArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) ->
 
 
 @app.command("remove")
-def remove(name: NameArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
-    """Remove an audience from the scope."""
-    _change("remove", name, keystore_, json_)
+def remove(
+    name: NameArg,
+    keystore_: KeystoreOpt = None,
+    allow_any: Annotated[
+        bool, typer.Option("--allow-any", help="Allow removing the last audience (an empty scope allows ANY).")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Remove an audience from the scope (the last one only with --allow-any)."""
+    _change("remove", name, keystore_, json_, allow_any=allow_any)

@@ -19,21 +19,39 @@ import os
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from mrtr_keys.errors import ConfigError, ConflictError, KeyRingExists, KeyRingNotFound, KeystoreError
+from mrtr_keys.errors import (
+    ConfigError,
+    ConflictError,
+    KeyRingExists,
+    KeyRingNotFound,
+    KeystoreBusy,
+    KeystoreError,
+)
 from mrtr_keys.keyring import KeyRing
 
 MAX_RING_BYTES = 4 * 1024 * 1024
+DEFAULT_LOCK_TIMEOUT = 30.0
+"""Seconds a writer waits for another run's lock before giving up (exit 75)."""
 
 
 class FileKeystore:
     """A key ring stored in one local file."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float | None = None) -> None:
         self.path = Path(path).expanduser().absolute()
+        if lock_timeout is None:
+            try:
+                lock_timeout = float(os.environ.get("MRTR_KEYS_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT))
+            except ValueError:
+                raise ConfigError("MRTR_KEYS_LOCK_TIMEOUT must be a number of seconds") from None
+        if not 0 <= lock_timeout <= 3600:
+            raise ConfigError("the key ring lock timeout must be between 0 and 3600 seconds")
+        self.lock_timeout = lock_timeout
         self._local = threading.local()  # which threads hold `locked()` (re-entrancy is per thread)
 
     @classmethod
@@ -124,7 +142,7 @@ class FileKeystore:
         except OSError as exc:
             raise KeystoreError(f"cannot lock key ring {self.path}: {exc.strerror}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._acquire(fd)
             self._local.held = True
             try:
                 yield
@@ -133,6 +151,25 @@ class FileKeystore:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _acquire(self, fd: int) -> None:
+        """`flock` with a deadline: poll a non-blocking lock for `lock_timeout` seconds
+        (``MRTR_KEYS_LOCK_TIMEOUT``, default 30), so a stuck writer never hangs a deploy step."""
+        timeout = self.lock_timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise KeystoreBusy(
+                        f"key ring {self.path} is locked by another run (waited {timeout:g} s); "
+                        "nothing was changed, retry later"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
 
     def _write(self, ring: KeyRing) -> None:
         data = ring.dumps()
