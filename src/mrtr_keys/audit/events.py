@@ -137,10 +137,13 @@ def parse_when(text: str, *, now: datetime | None = None) -> str:
     m = _RELATIVE.fullmatch(text)
     if m is not None:
         base = now or datetime.now(UTC)
-        return format_dt(base - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)]))
+        try:
+            return format_dt(base - timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)]))
+        except OverflowError:
+            raise ConfigError(f"time {text!r} reaches before year 1; use a shorter duration") from None
     try:
         return format_dt(parse_event_time(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ConfigError(f"cannot read time {text!r}: use a duration like 1h or 15m, or ISO 8601") from None
 
 

@@ -111,9 +111,16 @@ def _query(
     limit: int | None = None,
     newest_first: bool = False,
 ) -> Query:
-    from mrtr_keys.audit.events import parse_when
+    from mrtr_keys.audit.events import OK, OPS, REJECTED, parse_when
     from mrtr_keys.audit.store import Query
+    from mrtr_keys.errors import ConfigError
 
+    if op is not None and op not in OPS:
+        raise ConfigError(f"--op must be one of {', '.join(OPS)}")
+    if outcome is not None and outcome not in (OK, REJECTED):
+        raise ConfigError(f"--outcome must be {OK} or {REJECTED}")
+    if limit is not None and limit < 1:
+        raise ConfigError("--limit must be at least 1")
     return Query(
         since=parse_when(since) if since else None,
         until=parse_when(until) if until else None,
@@ -364,7 +371,10 @@ def export(
     store = _open(audit, keystore_)
     q = _query(since=since, until=until)
     total = store.count()
-    out = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+    try:
+        out = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror}") from None
     writer = csv.writer(out, lineterminator="\n") if fmt == "csv" else None
     if writer is not None:
         writer.writerow(SQL_COLUMNS)

@@ -44,7 +44,12 @@ def add(
     """Register a client and print its bearer secret, once (only its hash is stored)."""
     from mrtr_keys.cli.output import print_json, print_line
     from mrtr_keys.clients import add_client
+    from mrtr_keys.keystores import open_keystore
 
+    store = open_keystore(keystore_)
+    if store.exists():  # a grant the ring can never serve is a mistake worth catching now
+        for a in audience:
+            store.load().check_audience(a)
     client, secret = add_client(_path(keystore_, clients), name, audiences=audience, ops=[ops])
     if json_:
         print_json({"client": client.describe(), "secret": secret})

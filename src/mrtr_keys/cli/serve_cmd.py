@@ -40,4 +40,40 @@ def serve(
         workers=workers,
         reload_interval=reload_interval,
     )
-    run_server(settings)
+    if settings.uds is None:
+        _check_listen_address(settings.host, settings.port)
+    try:
+        run_server(settings)
+    except SystemExit as exc:  # uvicorn exits 3 when start-up fails; keep to 0 / 1 / 2 / 75
+        code = exc.code if isinstance(exc.code, int) else 1
+        raise SystemExit(code if code in (0, 1, 2, 75) else 1) from None
+
+
+def _check_listen_address(host: str, port: int) -> None:
+    """Refuse a TCP address that cannot be bound (one line, exit 2); warn when it is not loopback.
+
+    Raises:
+        ConfigError: the port is in use or the address is not this host's.
+    """
+    import ipaddress
+    import socket
+
+    from mrtr_keys.cli.output import error
+    from mrtr_keys.errors import ConfigError
+
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        error(
+            f"warning: listening on {host}, not loopback: bearer secrets and tokens cross the network in clear "
+            "text unless a TLS proxy or a private network carries them (docs/sidecar.md)"
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None

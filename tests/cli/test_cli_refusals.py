@@ -1,0 +1,38 @@
+"""Refusals a new user met in a trial run: each is one line on stderr and exit 2, never a traceback or exit 3."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from tests.fixtures.common import CliResult, free_port, run_cli
+
+
+def one_line(r: CliResult, code: int, fragment: str) -> None:
+    assert r.code == code, (r.code, r.out, r.err)
+    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert fragment in r.err, r.err
+
+
+def test_serve_on_a_port_in_use_is_a_one_line_configuration_error(keystore_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        one_line(run_cli("serve", "--port", str(port), keystore=keystore_path), 2, f"cannot listen on 127.0.0.1:{port}")
+
+
+def test_a_client_grant_outside_the_ring_scope_is_refused(keystore_path: Path) -> None:
+    assert run_cli("audience", "add", "billing", keystore=keystore_path).code == 0
+    one_line(run_cli("clients", "add", "app", "--audience", "other", keystore=keystore_path), 2, "outside")
+    listed = run_cli("clients", "list", "--json", keystore=keystore_path)
+    assert listed.code == 0 and listed.json()["clients"] == []
+
+
+def test_audit_query_filters_and_times_are_checked(keystore_path: Path, tmp_path: Path) -> None:
+    assert run_cli("rotate", "begin", keystore=keystore_path).code == 0  # the CLI records it: the log exists
+    one_line(run_cli("audit", "query", "--since", "99999999h", keystore=keystore_path), 2, "shorter duration")
+    one_line(run_cli("audit", "query", "--op", "bogus", keystore=keystore_path), 2, "--op must be one of")
+    one_line(run_cli("audit", "query", "--outcome", "maybe", keystore=keystore_path), 2, "--outcome must be")
+    target = tmp_path / "missing" / "x.jsonl"
+    one_line(run_cli("audit", "export", "-o", str(target), keystore=keystore_path), 2, "cannot write")
