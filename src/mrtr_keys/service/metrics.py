@@ -7,6 +7,10 @@
 * ``mrtr_sidecar_ring_generation``: the loaded key ring's generation.
 * ``mrtr_sidecar_ring_stale``: 1 while the stored ring cannot be loaded and the last good one is serving.
 * ``mrtr_sidecar_reloads_total{result}``: keystore / registry reload attempts (``switched``, ``failed``).
+* ``mrtr_sidecar_audit_queued``, ``mrtr_sidecar_audit_dropped_total``: audit events waiting for the
+  writer and events dropped because its queue was full (read at scrape time; absent with audit off).
+  A growing ``queued`` means the writer is behind: the queue is bounded in events (see docs/audit.md),
+  and its high-water mark is most of the sidecar's resident memory beyond the baseline.
 
 Each worker process keeps its own counters (``--workers N`` gives N independent series; scrape the
 workers separately or run one worker per sidecar, the usual layout).
@@ -14,8 +18,13 @@ workers separately or run one worker per sidecar, the usual layout).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 OUTCOMES = ("ok", "rejected", "unauthorized", "forbidden", "invalid", "too_large", "unavailable", "error")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
@@ -69,6 +78,25 @@ class SidecarMetrics:
             child = self._latency_children[route] = self._latency.labels(route)
         child.observe(seconds)
 
+    def watch_audit(self, sink: Any) -> None:
+        """Export `sink`'s ``queued`` and ``dropped`` (read at scrape time, nothing on the hot path)."""
+        self.registry.register(_AuditCollector(sink))
+
     def render(self) -> bytes:
         """The text exposition format (``text/plain; version=0.0.4``)."""
         return generate_latest(self.registry)
+
+
+class _AuditCollector(Collector):
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        queued = getattr(self._sink, "queued", None)
+        if isinstance(queued, int):
+            yield GaugeMetricFamily("mrtr_sidecar_audit_queued", "Audit events queued for the writer.", value=queued)
+        dropped = getattr(self._sink, "dropped", None)
+        if isinstance(dropped, int):
+            yield CounterMetricFamily(
+                "mrtr_sidecar_audit_dropped", "Audit events dropped (queue full or writer gone).", value=dropped
+            )

@@ -8,6 +8,7 @@ sidecar's user (and root) can connect: the file mode is the access control.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -55,17 +56,38 @@ def bind_unix_socket(path: str | os.PathLike[str]) -> socket.socket:
     return sock
 
 
+HTTP_PROTOCOL = "mrtr_keys.service.protocol:CorkedHttpToolsProtocol"
+"""httptools, one socket write per response (see `mrtr_keys.service.protocol`)."""
+
+
 def _uvicorn_options(config: ServiceConfig) -> dict[str, Any]:
     return {
         "loop": "uvloop",
-        "http": "httptools",
+        "http": HTTP_PROTOCOL,
         "lifespan": "on",
         "access_log": False,
         "server_header": False,
+        "proxy_headers": False,  # no X-Forwarded-For rewriting: one less ASGI layer per request
         "log_level": "warning",
         "timeout_keep_alive": 30,
         "backlog": 2048,
     }
+
+
+GC_THRESHOLD = (20_000, 50, 100)
+"""gc thresholds (gen0 allocations, gen1, gen2 collections) once serving; defaults are (700, 10, 10)."""
+
+
+def tune_gc() -> None:
+    """Cut collector pauses on the serving path: move everything alive after start-up (imports, the
+    app, FastAPI/pydantic schemas) to the permanent generation, so full collections only scan what
+    requests create, and collect gen0 less often. A request's objects are freed by reference
+    counting; the collector only has the rare cycle (an exception's traceback) to find, which
+    a gen0 pass every 20,000 net allocations still does.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 def _server_class() -> type[Any]:
@@ -112,6 +134,7 @@ def serve(config: ServiceConfig) -> None:
                 config.reload_interval,
             )
             uv = uvicorn.Config(app, host=config.host, port=config.port, **_uvicorn_options(config))
+            tune_gc()
             _Server(uv, unlink=config.uds).run(sockets=[sock] if sock else None)
         else:
             create_app(config)  # fail fast here, not in N workers
