@@ -82,10 +82,12 @@ def rss_kib(pid: int) -> int:
 
 def _descendants(pid: int) -> list[int]:
     out: list[int] = []
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return out
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):  # a child started from a thread is listed under it
+        try:
+            children += (task / "children").read_text().split()
+        except OSError:
+            continue
     for c in children:
         out.append(int(c))
         out.extend(_descendants(int(c)))

@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mrtr_keys.audit")
 
-DEFAULT_CAPACITY = 100_000
-"""Events the queue holds before it drops (about 15 MB of small lists at most)."""
+DEFAULT_CAPACITY = 50_000
+"""Events the queue holds before it drops: about 0.7 KB each with a typical 440-character token, so
+about 35 MB at most (the sidecar exports the current depth as ``mrtr_sidecar_audit_queued``)."""
 DEFAULT_BATCH = 2_000
 DEFAULT_INTERVAL = 0.05
 """Seconds between writer wake-ups (thread mode)."""

@@ -35,10 +35,12 @@ from typing import Any
 
 PROTOCOL = 1
 HEADER = struct.Struct("<I")
-MAX_TX_EVENTS = 20_000
+MAX_TX_EVENTS = 5_000
+MAX_FINGERPRINT_CACHE = 4_096
+"""Tokens whose fingerprint is kept for the matching unseal (a seal and its unseal in one batch)."""
 """Most events per store transaction (queued batches are merged up to this)."""
 READ_CHUNK = 1 << 20
-MAX_BUFFERED = 16 << 20
+MAX_BUFFERED = 4 << 20
 """Bytes read ahead from the pipe before the child stops to write."""
 ORPHAN_GIVE_UP = 30.0
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
@@ -188,7 +190,7 @@ def main() -> int:
         while pending and len(items) + len(pending[0][1]) <= MAX_TX_EVENTS:
             seq, more = pending.pop(0)
             items.extend(more)
-        if len(cache) > 4 * MAX_TX_EVENTS:
+        if len(cache) > MAX_FINGERPRINT_CACHE:  # bounded memory: ~4k tokens of at most 64 KiB chars
             cache.clear()
         values = item_values(items, instance, fingerprinter, cache)
         delay, failing_since = RETRY_MIN, 0.0
