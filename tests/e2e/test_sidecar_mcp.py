@@ -144,3 +144,9 @@ def test_client_errors_are_distinct(shared: Sidecar) -> None:
     with pytest.raises(ConfigError):
         SidecarCodec("ftp://x", audience=AUD, secret=secret)
     assert secret not in repr(codec)
+
+
+def test_request_state_security_fails_fast_on_a_secret_the_sidecar_refuses(sidecar: Any) -> None:
+    """Our decision: a wrong secret is a deployment mistake to report at start, not on a user's first call."""
+    with pytest.raises(ConfigError, match="401"):
+        mrtr_keys.request_state_security(sidecar=sidecar.url, secret="mks_wrong", audience="provisioner")

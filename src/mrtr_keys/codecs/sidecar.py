@@ -223,17 +223,21 @@ def sidecar_security(
 ) -> RequestStateSecurity:
     """`RequestStateSecurity(codec=SidecarCodec(url, ...), audience=..., ttl=...)`.
 
-    If the sidecar answers ``GET /v1/keys`` now, `ttl` is checked against the ring's TTL (the rotation
-    gate relies on it); if it is not up yet (a sidecar container starting beside this one), the check
+    If the sidecar answers ``GET /v1/keys`` now, a refused secret (401) fails here and `ttl` is checked
+    against the ring's TTL (the rotation gate relies on it); if it is not up yet (a sidecar container starting beside this one), the check
     is skipped and logged, and the codec connects on first use.
 
     Raises:
-        ConfigError: bad URL or secret, or `ttl` longer than the ring's TTL.
+        ConfigError: bad URL or secret, a secret the running sidecar refuses, or `ttl` longer than the
+            ring's TTL.
     """
     codec = SidecarCodec(url, audience=audience, secret=secret, **options)
     try:
         ring_ttl = codec.describe().get("ttl_seconds")
-    except (BackendUnavailable, ConfigError) as exc:
+    except ConfigError:  # the sidecar is up and refuses this secret: fail now, not on a user's first call
+        codec.close()
+        raise
+    except BackendUnavailable as exc:
         log.info("sidecar %s not checked at start (%s); the ttl check is skipped", url, exc)
         ring_ttl = None
     if isinstance(ring_ttl, int | float) and ttl > ring_ttl:
