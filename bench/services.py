@@ -95,12 +95,20 @@ def _descendants(pid: int) -> list[int]:
 
 
 class OpenBao:
-    """`bao server -dev` on a free loopback port with a transit mount, root token ``root``."""
+    """`bao server -dev` on a free loopback port with a transit mount, root token ``root``.
+
+    Like for like with the sidecar, which records every request in its audit log by default, the
+    server writes a file audit log (as any production Vault / OpenBao does; OpenBao 2.x enables
+    audit devices only from configuration).
+    """
 
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
         self.addr = f"http://127.0.0.1:{self.port}"
         self._log = open(workdir / "openbao.log", "wb")
+        config = workdir / "openbao-audit.hcl"
+        audit_log = workdir / "openbao-audit.log"
+        config.write_text(f'audit "file" "bench" {{\n  options {{\n    file_path = "{audit_log}"\n  }}\n}}\n')
         self.proc = subprocess.Popen(
             [
                 str(BIN / "bao"),
@@ -108,6 +116,7 @@ class OpenBao:
                 "-dev",
                 f"-dev-listen-address=127.0.0.1:{self.port}",
                 f"-dev-root-token-id={VAULT_TOKEN}",
+                f"-config={config}",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
