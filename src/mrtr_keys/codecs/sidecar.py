@@ -224,8 +224,8 @@ def sidecar_security(
     """`RequestStateSecurity(codec=SidecarCodec(url, ...), audience=..., ttl=...)`.
 
     If the sidecar answers ``GET /v1/keys`` now, a refused secret (401) fails here and `ttl` is checked
-    against the ring's TTL (the rotation gate relies on it); if it is not up yet (a sidecar container starting beside this one), the check
-    is skipped and logged, and the codec connects on first use.
+    against the ring's TTL (the rotation gate relies on it); if it is not up yet (a sidecar container
+    starting beside this one), the check is skipped and logged, and the codec connects on first use.
 
     Raises:
         ConfigError: bad URL or secret, a secret the running sidecar refuses, or `ttl` longer than the
