@@ -51,7 +51,10 @@ class ClientAuth:
     def authenticate(self, secret: bytes) -> Client | None:
         """The client owning `secret`, re-reading the registry first if it changed on disk."""
         client = self.registry.authenticate(secret)
-        if client is None and self.refresh():
+        if client is None:
+            # Look again whatever refresh() says: the reload loop may have just swapped the registry in
+            # another thread, in which case our refresh finds nothing new but the registry is.
+            self.refresh()
             client = self.registry.authenticate(secret)
         return client
 
