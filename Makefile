@@ -23,8 +23,9 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# make bench BENCH_ARGS='--docs' also refreshes docs/performance.md; BENCH_ARGS='sidecar' runs one part
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mrtr

@@ -60,7 +60,10 @@ DEFAULT_INTERVAL = 0.05
 PROCESS_INTERVAL = 0.005
 """Seconds between shipper wake-ups (process mode: shipping is cheap, so ship often)."""
 PROCESS_BATCH = 100_000
-"""Most events per shipped batch (process mode ships everything queued each wake-up)."""
+"""Most events per shipper wake-up (process mode ships everything queued each wake-up)."""
+PROCESS_FRAME = 2_000
+"""Most events per frame sent to the writer child: small frames keep the child's memory flat (one
+100k-event frame decoded to ~100 MB there)."""
 ENV_WRITER = "MRTR_KEYS_AUDIT_WRITER"
 """``thread`` or ``process`` (default): the writer `shared_sink` uses."""
 Mode = Literal["thread", "process"]
@@ -377,7 +380,8 @@ class AuditSink:
         if not items:
             return
         if self.mode == "process":
-            self._ship(items)
+            for start in range(0, len(items), PROCESS_FRAME):
+                self._ship(items[start : start + PROCESS_FRAME])
             return
         inst = instance_id()
         fp_ok = self._fp.fingerprint_canonical
