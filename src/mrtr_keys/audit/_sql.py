@@ -120,9 +120,14 @@ class SQLStore:
             try:
                 cur = self._conn.cursor()
                 self._begin(cur)
-                for start in range(0, len(rows), step):
-                    chunk = rows[start : start + step]
-                    cur.execute(self._insert_sql(len(chunk)), list(chain.from_iterable(chunk)))
+                full = len(rows) - len(rows) % step
+                for start in range(0, full, step):  # always `step` rows: one prepared statement
+                    cur.execute(self._insert_sql(step), list(chain.from_iterable(rows[start : start + step])))
+                if full < len(rows):
+                    # The rest row by row with one single-row statement: a multi-row INSERT per remainder
+                    # size would fill the driver's statement cache with up to 128 large prepared
+                    # statements (tens of MB in a long-running writer).
+                    cur.executemany(self._insert_sql(1), rows[full:])
                 self._conn.commit()
             except self._db_errors as exc:
                 try:
