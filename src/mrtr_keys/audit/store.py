@@ -6,7 +6,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mrtr_keys.audit.chain import Record
+from mrtr_keys.audit.chain import Record, event_values
+from mrtr_keys.audit.events import FIELDS
 
 SCHEMA_VERSION = 2
 """The schema this code writes; stores migrate older ones on open (see `SQL_MIGRATIONS`)."""
@@ -88,23 +89,8 @@ class AuditStore(Protocol):
     def close(self) -> None: ...
 
 
-SQL_COLUMNS = (
-    "time",
-    "instance",
-    "client",
-    "audience",
-    "kid",
-    "op",
-    "outcome",
-    "reason",
-    "fingerprint",
-    "generation",
-    "duration_ms",
-    "writer",
-    "seq",
-    "prev_hash",
-    "hash",
-)
+SQL_COLUMNS = (*FIELDS, "writer", "seq", "prev_hash", "hash")
+"""Stored columns: the event's `FIELDS`, then its place in its writer's hash chain."""
 
 SQL_MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -150,19 +136,8 @@ version is migrated on open, in one transaction (PostgreSQL: under an advisory l
 
 def record_row(r: Record) -> tuple[object, ...]:
     """A `Record` as a row in `SQL_COLUMNS` order."""
-    e = r.event
     return (
-        e.time,
-        e.instance,
-        e.client,
-        e.audience,
-        e.kid,
-        e.op,
-        e.outcome,
-        e.reason,
-        e.fingerprint,
-        e.generation,
-        e.duration_ms,
+        *event_values(r.event),
         r.writer,
         r.seq,
         r.prev_hash,
