@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlparse
 
-from mrtr_keys.audit.store import AuditStore
 from mrtr_keys.errors import ConfigError
+
+if TYPE_CHECKING:  # every CLI command imports this module: keep it light
+    from mrtr_keys.audit.store import AuditStore
 
 ENV_AUDIT = "MRTR_KEYS_AUDIT"
 OFF_VALUES = frozenset({"off", "none", "false", "0", "no"})
