@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
@@ -116,25 +117,31 @@ class SQLStore:
         if not rows:
             return
         step = self.ROWS_PER_INSERT
+        with self._transaction("write to") as cur:
+            self._begin(cur)
+            full = len(rows) - len(rows) % step
+            for start in range(0, full, step):  # always `step` rows: one prepared statement
+                cur.execute(self._insert_sql(step), list(chain.from_iterable(rows[start : start + step])))
+            if full < len(rows):
+                # The rest row by row with one single-row statement: a multi-row INSERT per remainder
+                # size would fill the driver's statement cache with up to 128 large prepared
+                # statements (tens of MB in a long-running writer).
+                cur.executemany(self._insert_sql(1), rows[full:])
+
+    @contextmanager
+    def _transaction(self, verb: str) -> Iterator[Any]:
+        """A cursor inside one transaction under the store lock: committed on success, rolled back
+        and turned into `AuditError` ("cannot {verb} the audit store ...") on a database error."""
         with self._lock:
             try:
-                cur = self._conn.cursor()
-                self._begin(cur)
-                full = len(rows) - len(rows) % step
-                for start in range(0, full, step):  # always `step` rows: one prepared statement
-                    cur.execute(self._insert_sql(step), list(chain.from_iterable(rows[start : start + step])))
-                if full < len(rows):
-                    # The rest row by row with one single-row statement: a multi-row INSERT per remainder
-                    # size would fill the driver's statement cache with up to 128 large prepared
-                    # statements (tens of MB in a long-running writer).
-                    cur.executemany(self._insert_sql(1), rows[full:])
+                yield self._conn.cursor()
                 self._conn.commit()
             except self._db_errors as exc:
                 try:
                     self._conn.rollback()
                 except self._db_errors:
                     pass
-                raise AuditError(f"cannot write to the audit store {self.url}: {exc}") from None
+                raise AuditError(f"cannot {verb} the audit store {self.url}: {exc}") from None
 
     def _where(self, q: Query) -> tuple[str, list[Any]]:
         p = self.PARAM
@@ -155,18 +162,9 @@ class SQLStore:
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        with self._lock:
-            try:
-                cur = self._conn.cursor()
-                cur.execute(sql, tuple(args))
-                rows = list(cur.fetchall())
-                self._conn.commit()
-            except self._db_errors as exc:
-                try:
-                    self._conn.rollback()
-                except self._db_errors:
-                    pass
-                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+        with self._transaction("read") as cur:
+            cur.execute(sql, tuple(args))
+            rows = list(cur.fetchall())
         return rows
 
     def query(self, q: Query) -> list[Record]:

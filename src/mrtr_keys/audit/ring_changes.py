@@ -58,6 +58,7 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
     The listener raises `AuditError` if the store cannot be written (the change itself is
     already saved; the message says so).
     """
+
     def listener(result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
         # Imported on the first change, not when the CLI installs the listener at start-up.
         from mrtr_keys.audit.sink import shared_sink
