@@ -102,9 +102,9 @@ def b64_loops(payload: bytes) -> dict[str, Loop]:
 
 
 def _local(workdir: Path) -> Any:
-    from mrtr_keys.creation import create_ring
+    from mrtr_keys.factory import open_codec
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.security import open_codec
+    from mrtr_keys.ring.create import create_ring
 
     path = workdir / "local-ring.json"
     create_ring(FileKeystore(path))
@@ -112,14 +112,14 @@ def _local(workdir: Path) -> Any:
 
 
 def _kms(services: Services) -> Subject:
-    if not module_available("mrtr_keys.backends.kms"):
-        return Subject(KMS, missing="n/a (not built): mrtr_keys.backends.kms")
+    if not module_available("mrtr_keys.backends.kms.backend"):
+        return Subject(KMS, missing="n/a (not built): mrtr_keys.backends.kms.backend")
     import boto3
 
-    from mrtr_keys.creation import create_ring
-    from mrtr_keys.keyring import CodecSpec
+    from mrtr_keys.factory import open_codec
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.security import open_codec
+    from mrtr_keys.ring.create import create_ring
+    from mrtr_keys.ring.model import CodecSpec
 
     moto = services.moto
     proxy = services.proxy(moto.port)
@@ -131,8 +131,8 @@ def _kms(services: Services) -> Subject:
 
 
 def _vault_datakey(services: Services) -> Subject:
-    if not module_available("mrtr_keys.backends.vault_transit"):
-        return Subject(VAULT_DK, missing="n/a (not built): mrtr_keys.backends.vault_transit")
+    if not module_available("mrtr_keys.backends.vault.transit"):
+        return Subject(VAULT_DK, missing="n/a (not built): mrtr_keys.backends.vault.transit")
     from bench.vault_remote import vault_ring
 
     bao = services.bao

@@ -58,7 +58,7 @@ def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
 
 
 def module_available(name: str) -> bool:
-    """True if `name` (e.g. ``mrtr_keys.backends.kms``) exists in this tree."""
+    """True if `name` (e.g. ``mrtr_keys.backends.kms.backend``) exists in this tree."""
     import importlib.util
 
     try:

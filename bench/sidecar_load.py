@@ -73,8 +73,8 @@ def ensure_wrk() -> str | None:
 
 def start_sidecar(services: Services, *, workers: int = SIDECAR_WORKERS, name: str = "sidecar") -> Sidecar:
     """A local ring, a bench client, and ``mrtr-keys serve`` on a free port (stopped by `services.close()`)."""
-    from mrtr_keys.creation import create_ring
     from mrtr_keys.keystores.file import FileKeystore
+    from mrtr_keys.ring.create import create_ring
 
     home = services.workdir / name  # its own directory: the client registry lives beside the ring
     home.mkdir()

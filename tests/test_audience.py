@@ -10,11 +10,11 @@ import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
 import mrtr_keys
-from mrtr_keys import audience
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.creation import create_ring
 from mrtr_keys.errors import AudienceError, ConfigError
 from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.ring import scope as audience
+from mrtr_keys.ring.create import create_ring
 from tests.fixtures.keyrings import fresh_ring
 
 

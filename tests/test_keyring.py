@@ -12,8 +12,8 @@ import pytest
 
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import KeyRingError
-from mrtr_keys.keyring import KeyRing, KeyState
 from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.ring.model import KeyRing, KeyState
 from tests.fixtures.keyrings import bad_rings, fresh_ring, rotate_through
 
 CONTENT_CASES = [b for b in bad_rings() if b.mode == 0o600]

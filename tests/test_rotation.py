@@ -16,11 +16,11 @@ from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.backends import backend_for
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.creation import create_ring
 from mrtr_keys.errors import ConfigError, NotYet, RotationError
-from mrtr_keys.keyring import KeyRing, KeyState
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.rotation import FUTURE_SKEW_SECONDS, Phase, begin, promote, retire, run_step, status, transition
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.model import KeyRing, KeyState
+from mrtr_keys.ring.rotation import FUTURE_SKEW_SECONDS, Phase, begin, promote, retire, run_step, status, transition
 from tests.fixtures.keyrings import T0, fresh_ring, rotate_through
 
 AUD = "billing"

@@ -19,7 +19,7 @@ from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.rotation import transition
+from mrtr_keys.ring.rotation import transition
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, pack, unpack
 from tests.fixtures.keyrings import T0, fresh_ring
 

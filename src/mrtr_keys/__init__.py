@@ -19,12 +19,12 @@ __all__ = ["LocalAESGCMCodec", "open_codec", "open_keystore", "request_state_sec
 
 if TYPE_CHECKING:
     from mrtr_keys.codecs.local import LocalAESGCMCodec
+    from mrtr_keys.factory import open_codec, request_state_security
     from mrtr_keys.keystores import open_keystore
-    from mrtr_keys.security import open_codec, request_state_security
 
 _LAZY = {
-    "request_state_security": "mrtr_keys.security",
-    "open_codec": "mrtr_keys.security",
+    "request_state_security": "mrtr_keys.factory",
+    "open_codec": "mrtr_keys.factory",
     "open_keystore": "mrtr_keys.keystores",
     "LocalAESGCMCodec": "mrtr_keys.codecs.local",
 }

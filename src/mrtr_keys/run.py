@@ -23,9 +23,9 @@ SECRET_FILE = "sidecar.secret"  # noqa: S105 - a file name
 
 def prepare(state_dir: Path = STATE_DIR) -> tuple[Path, Path, Path]:
     """Create the ring, registry and demo client if missing; returns (ring, registry, secret file) paths."""
-    from mrtr_keys.clients import add_client, load_registry, registry_path
-    from mrtr_keys.creation import create_ring
     from mrtr_keys.keystores.file import FileKeystore
+    from mrtr_keys.ring.create import create_ring
+    from mrtr_keys.service.clients import add_client, load_registry, registry_path
 
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ring_path = state_dir / "keyring.json"
@@ -37,7 +37,7 @@ def prepare(state_dir: Path = STATE_DIR) -> tuple[Path, Path, Path]:
     secret_path = state_dir / SECRET_FILE
     if load_registry(registry).get(DEMO_CLIENT) is None or not secret_path.exists():
         if load_registry(registry).get(DEMO_CLIENT) is not None:
-            from mrtr_keys.clients import remove_client
+            from mrtr_keys.service.clients import remove_client
 
             remove_client(registry, DEMO_CLIENT)  # its secret file is gone: issue a new one
         _, secret = add_client(registry, DEMO_CLIENT, audiences=[DEMO_AUDIENCE])

@@ -10,10 +10,10 @@ import pytest
 
 from mrtr_keys.audit import observer as observer_mod
 from mrtr_keys.audit.events import instance_id
-from mrtr_keys.keyring import utcnow
+from mrtr_keys.factory import request_state_security
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.rotation import run_step
-from mrtr_keys.security import request_state_security
+from mrtr_keys.ring.model import utcnow
+from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.audit import cli
 from tests.fixtures.common import run_cli
 

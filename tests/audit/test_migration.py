@@ -9,8 +9,8 @@ from typing import Any
 
 from mrtr_keys.audit.chain import ChainWriter
 from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.store import SCHEMA_VERSION, SQL_COLUMNS, record_row
-from mrtr_keys.audit.url import open_store
+from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS, record_row
+from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli, insert, known_events
 
 # The v1 DDL exactly as mrtr-keys 1 ran it (kept literal here: the migration must cope with it).

@@ -15,7 +15,7 @@ from mrtr_keys.audit.chain import verify
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.audit.observer import AuditObserver
 from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.store import Query
+from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 
 
@@ -91,7 +91,7 @@ _PARENT = textwrap.dedent(
     import os, sys
     from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
     from mrtr_keys.audit.sink import AuditSink
-    from mrtr_keys.audit.url import open_store
+    from mrtr_keys.audit.stores.url import open_store
     url, keydir, how = sys.argv[1:4]
     sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(keydir)), mode="process")
     for i in range(1000):
@@ -115,7 +115,7 @@ def _run_parent(tmp_path: Path, how: str) -> tuple[int, int]:
     )
     child = int(res.stdout.split()[0])
     assert _gone(child), "the audit writer process outlived its parent"
-    from mrtr_keys.audit.url import open_store
+    from mrtr_keys.audit.stores.url import open_store
 
     store = open_store(url)
     try:

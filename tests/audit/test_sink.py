@@ -11,7 +11,7 @@ import pytest
 
 from mrtr_keys.audit.observer import AuditObserver
 from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.store import Query
+from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 
 

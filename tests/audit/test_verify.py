@@ -11,7 +11,7 @@ import pytest
 
 from mrtr_keys.audit.chain import make_checkpoint, verify
 from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.url import open_store
+from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import insert, known_events
 
 

@@ -23,7 +23,7 @@ from mrtr_keys.codecs import LocalAESGCMCodec
 from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES
 from mrtr_keys.errors import ConfigError, KeyRingError, MrtrKeysError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.rotation import run_step
+from mrtr_keys.ring.rotation import run_step
 from mrtr_keys.token import MAX_TOKEN_CHARS
 from tests.fixtures.keyrings import fresh_ring, write_ring_doc
 
@@ -206,7 +206,7 @@ def test_the_documented_test_vector_unseals() -> None:
     """docs/token-format.md, "Test vector": ring key 00..1f, kid 0a0b0c0d, audience billing, nonce 00..0b."""
     from datetime import UTC, datetime
 
-    from mrtr_keys.keyring import Key, KeyRing, KeyState
+    from mrtr_keys.ring.model import Key, KeyRing, KeyState
 
     key = Key(
         kid="0a0b0c0d", state=KeyState.PRIMARY, created_at=datetime(2026, 1, 1, tzinfo=UTC), material=bytes(range(32))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.backends import backend_for
+from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
 from mrtr_keys.codecs.vault_transit import (
     TOKEN_PREFIX,
     TransitEncryptError,
@@ -23,12 +24,11 @@ from mrtr_keys.codecs.vault_transit import (
     split_vault_ciphertext,
     vault_ciphertext,
 )
-from mrtr_keys.creation import create_ring
 from mrtr_keys.errors import BackendUnavailable, ConfigError
-from mrtr_keys.keyring import CodecSpec
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.rotation import run_step
-from mrtr_keys.vault_client import VaultClient, VaultSettings
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.model import CodecSpec
+from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.openbao import OpenBao, TcpProxy
 
 MODES = ["remote", "datakey"]

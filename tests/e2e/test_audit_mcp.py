@@ -17,8 +17,8 @@ from mcp.shared.exceptions import MCPError
 from mrtr_keys.audit.events import FIELDS
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.example.app import QUESTION_STATE, build_server
-from mrtr_keys.keyring import KeyRing
-from mrtr_keys.security import request_state_security
+from mrtr_keys.factory import request_state_security
+from mrtr_keys.ring.model import KeyRing
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.audit import cli
 

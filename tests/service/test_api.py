@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from mrtr_keys.clients import load_registry, remove_client
-from mrtr_keys.creation import create_ring
-from mrtr_keys.keyring import KeyState
 from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.model import KeyState
 from mrtr_keys.service import schemas
+from mrtr_keys.service.clients import load_registry, remove_client
 from mrtr_keys.service.config import DEFAULT_MAX_BATCH_ITEMS, DEFAULT_MAX_BODY_BYTES
 from mrtr_keys.token import MAX_TOKEN_CHARS
 from tests.fixtures.sidecar import Sidecar, start_sidecar

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mrtr_keys.clients import ClientRegistry, add_client, hash_secret, load_registry
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.service.auth import bearer_secret
+from mrtr_keys.service.clients import ClientRegistry, add_client, hash_secret, load_registry
 from mrtr_keys.service.config import ServiceConfig, load_config
 from tests.fixtures.common import run_cli
 

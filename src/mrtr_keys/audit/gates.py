@@ -3,7 +3,7 @@
 * **retire** (and ``next`` when it would retire): refused while the log shows the old kid
   *sealing* within the last TTL: some instance still mints tokens with it, and they stay valid
   for a TTL. This holds even once promote + TTL + 60 s have passed (the time gate in
-  `mrtr_keys.rotation`): a lagging instance that never reloaded keeps sealing with the old key.
+  `mrtr_keys.ring.rotation`): a lagging instance that never reloaded keeps sealing with the old key.
 * **promote** (and ``next`` when it would promote): refused while any instance seen in the log
   within `window` seconds (default 10 minutes) has not loaded the phase-1 generation (the ring
   `begin` wrote), according to its ``ring-loaded`` events: promoting would let the new key seal
@@ -11,7 +11,7 @@
   count; CLI runs do not.
 
 Both raise `NotYet` (exit 75) naming what they wait for; ``--force`` overrides and the step is
-recorded with reason ``forced``. `rotation_gate` gives the callable `mrtr_keys.rotation.run_step`
+recorded with reason ``forced``. `rotation_gate` gives the callable `mrtr_keys.ring.rotation.run_step`
 takes as ``gate=``.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from mrtr_keys.audit.events import OP_RING_LOADED, format_dt, parse_event_time
-from mrtr_keys.audit.store import AuditStore, Query
+from mrtr_keys.audit.stores.base import AuditStore, Query
 from mrtr_keys.errors import NotYet
-from mrtr_keys.keyring import KeyRing
+from mrtr_keys.ring.model import KeyRing
 
 DEFAULT_WINDOW_SECONDS = 600.0
 """An instance counts for the promote gate if it wrote any event this recently (seconds)."""
@@ -100,9 +100,9 @@ def check_promote(
 
 
 def rotation_gate(store: AuditStore, *, window: float = DEFAULT_WINDOW_SECONDS) -> Gate:
-    """The ``gate=`` for `mrtr_keys.rotation.run_step`: ``gate(step, ring, now)`` runs the check for
+    """The ``gate=`` for `mrtr_keys.ring.rotation.run_step`: ``gate(step, ring, now)`` runs the check for
     `step` (``promote`` or ``retire``; other steps pass) and raises `NotYet` to refuse."""
-    from mrtr_keys.rotation import Phase, status
+    from mrtr_keys.ring.rotation import Phase, status
 
     def gate(step: str, ring: KeyRing, now: datetime) -> None:
         st = status(ring, now)

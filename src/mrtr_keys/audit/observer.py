@@ -104,7 +104,7 @@ def observer_for(
     Raises:
         ConfigError: a bad URL or audit key; AuditError: the store cannot be opened.
     """
-    from mrtr_keys.audit.url import resolve_url
+    from mrtr_keys.audit.stores.url import resolve_url
 
     url = resolve_url(audit, directory)
     if url is None or directory is None:

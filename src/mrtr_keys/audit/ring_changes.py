@@ -1,4 +1,4 @@
-"""Key ring changes as audit events: a listener for `mrtr_keys.changes.add_change_listener`.
+"""Key ring changes as audit events: a listener for `mrtr_keys.ring.apply.add_change_listener`.
 
 Each saved change (``init``, ``begin``, ``promote``, ``retire``, ``rewrap``, ``audience``) becomes
 one event, written synchronously: ``kid`` is the key the step is about (the new key for init,
@@ -16,9 +16,9 @@ from mrtr_keys.audit.events import FORCED, AuditEvent, format_ts, instance_id
 from mrtr_keys.errors import AuditError
 
 if TYPE_CHECKING:
-    from mrtr_keys.changes import ChangeResult
-    from mrtr_keys.keyring import KeyRing
     from mrtr_keys.keystores import Keystore
+    from mrtr_keys.ring.apply import ChangeResult
+    from mrtr_keys.ring.model import KeyRing
 
 
 def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
@@ -53,7 +53,7 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
 
 def change_listener(audit: str | Literal[False] | None = None) -> ChangeListenerType:
     """A listener recording every saved change in the store `audit` names (see
-    `mrtr_keys.audit.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
+    `mrtr_keys.audit.stores.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
 
     The listener raises `AuditError` if the store cannot be written (the change itself is
     already saved; the message says so).
@@ -62,7 +62,7 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
     def listener(result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
         # Imported on the first change, not when the CLI installs the listener at start-up.
         from mrtr_keys.audit.sink import shared_sink
-        from mrtr_keys.audit.url import resolve_url
+        from mrtr_keys.audit.stores.url import resolve_url
 
         url = resolve_url(audit, keystore.directory)
         if url is None:
@@ -79,7 +79,7 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
 
 
 if TYPE_CHECKING:
-    from mrtr_keys.changes import ChangeListener as ChangeListenerType
+    from mrtr_keys.ring.apply import ChangeListener as ChangeListenerType
 else:
     ChangeListenerType = object
 
@@ -88,7 +88,7 @@ _installed: set[object] = set()
 
 def install(audit: str | Literal[False] | None = None) -> None:
     """Register `change_listener(audit)` once per process (the CLI calls this at start)."""
-    from mrtr_keys.changes import add_change_listener
+    from mrtr_keys.ring.apply import add_change_listener
 
     key = audit
     if key in _installed:

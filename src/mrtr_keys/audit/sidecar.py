@@ -110,7 +110,7 @@ def sidecar_audit(
     Raises:
         ConfigError, AuditError: bad URL or audit key, or the store cannot be opened.
     """
-    from mrtr_keys.audit.url import resolve_url
+    from mrtr_keys.audit.stores.url import resolve_url
 
     url = resolve_url(audit, directory)
     if url is None:

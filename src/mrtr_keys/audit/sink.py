@@ -6,7 +6,7 @@ no hashing, no I/O, so a seal never waits for the audit log. Two writers (``mode
 * ``"process"`` (the default of `shared_sink`, so of in-process codecs, the sidecar and the CLI):
   a light shipper thread wakes every `interval` (5 ms), takes everything queued (one C call),
   serialises it with `marshal` (C) and writes it to a pipe. A child process
-  (`mrtr_keys.audit.writer_process`, started on the first batch, restarted on the next batch after
+  (`mrtr_keys.audit.writer.child`, started on the first batch, restarted on the next batch after
   it died) fingerprints, chains and stores, on its own interpreter lock and CPU, and acknowledges
   each transaction. The caller's process pays only the queue append and the shipping.
 * ``"thread"``: the writer thread wakes every `interval` (50 ms) and fingerprints the tokens (HMAC,
@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from mrtr_keys.audit.chain import ChainWriter, event_values
 from mrtr_keys.audit.events import OK, OP_UNSEAL, REJECTED, AuditEvent, format_ts, instance_id
 from mrtr_keys.audit.fingerprint import Fingerprinter
-from mrtr_keys.audit.store import AuditStore
+from mrtr_keys.audit.stores.base import AuditStore
 from mrtr_keys.errors import AuditError
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.process_writer import ChildWriter
+    from mrtr_keys.audit.writer.parent import ChildWriter
 
 logger = logging.getLogger("mrtr_keys.audit")
 
@@ -433,7 +433,7 @@ class AuditSink:
         self._shipped_all = True
 
     def _spawn(self) -> ChildWriter:
-        from mrtr_keys.audit.process_writer import ChildWriter
+        from mrtr_keys.audit.writer.parent import ChildWriter
 
         self.children_started += 1
         return ChildWriter(
@@ -512,7 +512,7 @@ def shared_sink(
                 sink = factory()
             else:
                 from mrtr_keys.audit.fingerprint import load_audit_key
-                from mrtr_keys.audit.url import open_store
+                from mrtr_keys.audit.stores.url import open_store
 
                 fingerprinter = Fingerprinter(load_audit_key(directory))
                 sink = AuditSink(

@@ -15,13 +15,13 @@ from typing import Any, Protocol
 
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keyring import CodecSpec, Key, KeyRing, KeyState
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 
 _MODULES = {
     "local": "mrtr_keys.backends.local",
-    "kms": "mrtr_keys.backends.kms",
-    "vault-transit": "mrtr_keys.backends.vault_transit",
+    "kms": "mrtr_keys.backends.kms.backend",
+    "vault-transit": "mrtr_keys.backends.vault.transit",
 }
 
 

@@ -6,12 +6,11 @@ import os
 from datetime import datetime
 from typing import Any
 
-from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
+from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX, describe_token
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.keyring import KEY_BYTES, CodecSpec, Key, KeyRing, KeyState
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.token_info import describe_aesgcm_token
+from mrtr_keys.ring.model import KEY_BYTES, CodecSpec, Key, KeyRing, KeyState
 
 
 class LocalBackend:
@@ -35,7 +34,7 @@ class LocalBackend:
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
         if not token.startswith(TOKEN_PREFIX):
             return None
-        return describe_aesgcm_token(ring, token)
+        return describe_token(ring, token)
 
 
 def make_backend(spec: CodecSpec, **_: Any) -> LocalBackend:

@@ -19,7 +19,7 @@ from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 
 if TYPE_CHECKING:
     from mrtr_keys.audit.gates import Gate
-    from mrtr_keys.audit.store import AuditStore, Query
+    from mrtr_keys.audit.stores.base import AuditStore, Query
     from mrtr_keys.keystores import Keystore
 
 app = typer.Typer(help="The token audit log: every seal, unseal and key ring change.", no_args_is_help=True)
@@ -45,7 +45,7 @@ def configure(audit: str | None) -> None:
     import os
 
     from mrtr_keys.audit import ring_changes
-    from mrtr_keys.audit.url import ENV_AUDIT
+    from mrtr_keys.audit.stores.url import ENV_AUDIT
 
     _root_audit = audit
     if audit is not None:
@@ -61,14 +61,14 @@ def _keystore(location: str | None) -> Keystore:
 
 def store_url(audit: str | None, keystore: Keystore) -> str | None:
     """The audit store URL for this run, or None when auditing is off."""
-    from mrtr_keys.audit.url import resolve_url
+    from mrtr_keys.audit.stores.url import resolve_url
 
     return resolve_url(audit if audit is not None else _root_audit, keystore.directory)
 
 
 def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) -> AuditStore:
-    from mrtr_keys.audit.sqlite import path_from_url
-    from mrtr_keys.audit.url import open_store
+    from mrtr_keys.audit.stores.sqlite import path_from_url
+    from mrtr_keys.audit.stores.url import open_store
     from mrtr_keys.errors import ConfigError
 
     url = store_url(audit, _keystore(keystore_))
@@ -85,8 +85,8 @@ def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) 
 def rotation_gate_for(keystore: Keystore, *, window: float | None = None) -> Gate | None:
     """The audit log's rotation gate for `keystore`, or None when there is no audit store (no gate)."""
     from mrtr_keys.audit.gates import DEFAULT_WINDOW_SECONDS, rotation_gate
-    from mrtr_keys.audit.sqlite import path_from_url
-    from mrtr_keys.audit.url import open_store
+    from mrtr_keys.audit.stores.sqlite import path_from_url
+    from mrtr_keys.audit.stores.url import open_store
 
     url = store_url(None, keystore)
     if url is None:
@@ -112,7 +112,7 @@ def _query(
     newest_first: bool = False,
 ) -> Query:
     from mrtr_keys.audit.events import OK, OPS, REJECTED, parse_when
-    from mrtr_keys.audit.store import Query
+    from mrtr_keys.audit.stores.base import Query
     from mrtr_keys.errors import ConfigError
 
     if op is not None and op not in OPS:
@@ -157,7 +157,7 @@ def tail(
     json_: JsonOpt = False,
 ) -> None:
     """Show the newest events; with -f keep following (with --json: one JSON object a line)."""
-    from mrtr_keys.audit.store import Query
+    from mrtr_keys.audit.stores.base import Query
 
     store = _open(audit, keystore_)
     recent = list(reversed(store.query(Query(newest_first=True, limit=max(lines, 0)))))
@@ -363,7 +363,7 @@ def export(
     from rich.console import Console
     from rich.progress import Progress
 
-    from mrtr_keys.audit.store import SQL_COLUMNS
+    from mrtr_keys.audit.stores.base import SQL_COLUMNS
     from mrtr_keys.errors import ConfigError
 
     if fmt not in ("jsonl", "csv"):

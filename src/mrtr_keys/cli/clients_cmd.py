@@ -23,7 +23,7 @@ ClientsOpt = Annotated[
 
 
 def _path(keystore_: str | None, clients: str | None) -> Path:
-    from mrtr_keys.clients import registry_path
+    from mrtr_keys.service.clients import registry_path
 
     if clients:
         return registry_path(None, clients)
@@ -43,8 +43,8 @@ def add(
 ) -> None:
     """Register a client and print its bearer secret, once (only its hash is stored)."""
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.clients import add_client
     from mrtr_keys.keystores import open_keystore
+    from mrtr_keys.service.clients import add_client
 
     store = open_keystore(keystore_)
     if store.exists():  # a grant the ring can never serve is a mistake worth catching now
@@ -65,7 +65,7 @@ def add(
 def list_(keystore_: KeystoreOpt = None, clients: ClientsOpt = None, json_: JsonOpt = False) -> None:
     """List clients: name, audiences, operations, created (never a secret or its hash)."""
     from mrtr_keys.cli.output import print_json, print_table
-    from mrtr_keys.clients import load_registry
+    from mrtr_keys.service.clients import load_registry
 
     rows = [c.describe() for c in load_registry(_path(keystore_, clients))]
     if json_:
@@ -87,7 +87,7 @@ def remove(
 ) -> None:
     """Remove a client; a running sidecar refuses its secret within one reload interval."""
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.clients import remove_client
+    from mrtr_keys.service.clients import remove_client
 
     client = remove_client(_path(keystore_, clients), name)
     if json_:

@@ -26,8 +26,8 @@ def init(
 ) -> None:
     """Create a new key ring with one primary key; refuses if one exists there."""
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.creation import create_ring
-    from mrtr_keys.keyring import CodecSpec
+    from mrtr_keys.ring.create import create_ring
+    from mrtr_keys.ring.model import CodecSpec
 
     params: dict[str, object] = {}
     if kms_key_id is not None:

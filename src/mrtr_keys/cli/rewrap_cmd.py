@@ -18,7 +18,7 @@ def rewrap(
 ) -> None:
     """Re-encrypt every usable data key under another KMS key (ReEncrypt); kids and tokens stay valid."""
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.rewrap import rewrap as run_rewrap
+    from mrtr_keys.ring.rewrap import rewrap as run_rewrap
 
     result = run_rewrap(keystore(keystore_), kms_key_id)
     if json_:

@@ -1,4 +1,4 @@
-"""`mrtr-keys rotate status|begin|promote|retire|next`: the three-phase rotation (see `mrtr_keys.rotation`)."""
+"""`mrtr-keys rotate status|begin|promote|retire|next`: the three-phase rotation (see `mrtr_keys.ring.rotation`)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ WindowOpt = Annotated[
 def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Show the phase, the keys involved, the next step and how long it waits."""
     from mrtr_keys.cli.output import print_fields, print_json
-    from mrtr_keys.keyring import utcnow
-    from mrtr_keys.rotation import status as rotation_status
+    from mrtr_keys.ring.model import utcnow
+    from mrtr_keys.ring.rotation import status as rotation_status
 
     ring = keystore(keystore_).load()
     st = rotation_status(ring, utcnow()).to_json()
@@ -56,7 +56,7 @@ def _step(
 ) -> None:
     from mrtr_keys.cli.audit_cmd import rotation_gate_for
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.rotation import run_step
+    from mrtr_keys.ring.rotation import run_step
 
     store = keystore(keystore_)
     gate = rotation_gate_for(store, window=window)  # the audit log's gates (docs/audit.md); None without a log

@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -35,7 +35,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import MrtrKeysError
-from mrtr_keys.token import KID_BYTES, MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, kid_to_bytes
+from mrtr_keys.token import KID_BYTES, MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, kid_to_bytes, unpack
+
+if TYPE_CHECKING:
+    from mrtr_keys.ring.model import KeyRing
 
 TOKEN_PREFIX = "mk1."  # noqa: S105 - a format version, not a secret
 """Format version of AES-GCM core tokens; differs from the MCP SDK's ``v1.``."""
@@ -227,3 +230,26 @@ class AESGCMTokenCore:
 
 
 assert KID_BYTES == 4
+
+
+def describe_token(ring: KeyRing | None, token: str) -> dict[str, Any]:
+    """What `mrtr-keys inspect` says of an ``mk1.`` token without decrypting it.
+
+    Returns the format, the kid, the kid's state in `ring` (``"unknown"`` when absent or `ring` is None),
+    the token's length in characters and its nonce, ciphertext and tag sizes in bytes.
+
+    Raises:
+        MalformedToken: the text does not parse as an ``mk1.`` token.
+    """
+    raw_kid, body = unpack(TOKEN_PREFIX, token, min_body=NONCE_BYTES + TAG_BYTES)
+    kid = raw_kid.hex()
+    key = ring.lookup(kid) if ring is not None else None
+    return {
+        "format": TOKEN_PREFIX.rstrip("."),
+        "kid": kid,
+        "state": key.state.value if key is not None else "unknown",
+        "token_chars": len(token),
+        "nonce_bytes": NONCE_BYTES,
+        "ciphertext_bytes": len(body) - NONCE_BYTES - TAG_BYTES,
+        "tag_bytes": TAG_BYTES,
+    }

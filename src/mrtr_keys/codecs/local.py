@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mrtr_keys.codecs.keyring_codec import KeyRingCodec
+from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.errors import KeyRingError
-from mrtr_keys.keyring import KeyRing
+from mrtr_keys.ring.model import KeyRing
 
 
 class LocalAESGCMCodec(KeyRingCodec):

@@ -50,13 +50,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
 
+from mrtr_keys.backends.vault.client import VaultClient, VaultRefused
 from mrtr_keys.codecs.aesgcm import AESGCMTokenCore, reject
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import BackendUnavailable, ConfigError, KeyRingError, MrtrKeysError, UnwrapError
-from mrtr_keys.keyring import CodecSpec, Key, KeyRing, KeyState
 from mrtr_keys.keystores import Keystore, open_keystore
+from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, kid_to_bytes, pack, unpack
-from mrtr_keys.vault_client import VaultClient, VaultRefused
 
 CODEC_TYPE = "vault-transit"
 TOKEN_PREFIX = "mkv1."  # noqa: S105 - a format version, not a secret

@@ -108,7 +108,7 @@ def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
     """
     if args.key_source == "sdk-default":
         return None
-    from mrtr_keys.security import request_state_security
+    from mrtr_keys.factory import request_state_security
 
     if args.create_ring:
         _create_ring_if_missing(args.keystore)
@@ -116,8 +116,8 @@ def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
 
 
 def _create_ring_if_missing(location: str | None) -> None:
-    from mrtr_keys.creation import create_ring
     from mrtr_keys.keystores import open_keystore
+    from mrtr_keys.ring.create import create_ring
 
     store = open_keystore(location)
     if store.exists():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keyring import KeyRing
+from mrtr_keys.ring.model import KeyRing
 
 ENV_KEYSTORE = "MRTR_KEYS_KEYSTORE"
 DEFAULT_KEYSTORE = ".mrtr/keyring.json"

@@ -32,7 +32,7 @@ from mrtr_keys.errors import (
     KeystoreBusy,
     KeystoreError,
 )
-from mrtr_keys.keyring import KeyRing
+from mrtr_keys.ring.model import KeyRing
 
 MAX_RING_BYTES = 4 * 1024 * 1024
 DEFAULT_LOCK_TIMEOUT = 30.0

@@ -26,7 +26,7 @@ memory, so they run on the event loop (microseconds, no thread hop); a codec
 that may call out per token runs in a worker thread. Bodies are parsed with
 orjson and fields checked by hand against the models in `schemas`.
 
-The app holds no crypto: codecs come from `mrtr_keys.security.open_codec`, per
+The app holds no crypto: codecs come from `mrtr_keys.factory.open_codec`, per
 audience, rebuilt on each new ring generation (`mrtr_keys.service.reload`).
 """
 
@@ -49,14 +49,14 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from mcp.server.mcpserver import InvalidRequestState
 
-from mrtr_keys.audience import MAX_AUDIENCE_CHARS
 from mrtr_keys.backends import Codec
-from mrtr_keys.clients import Client, registry_path
 from mrtr_keys.errors import AudienceError, MrtrKeysError
-from mrtr_keys.keyring import KeyRing
 from mrtr_keys.keystores import Keystore, open_keystore
+from mrtr_keys.ring.model import KeyRing
+from mrtr_keys.ring.scope import MAX_AUDIENCE_CHARS
 from mrtr_keys.service import schemas
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
+from mrtr_keys.service.clients import Client, registry_path
 from mrtr_keys.service.config import ServiceConfig
 from mrtr_keys.service.metrics import CONTENT_TYPE, SidecarMetrics
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState

@@ -14,8 +14,8 @@ import logging
 import threading
 from pathlib import Path
 
-from mrtr_keys.clients import Client, ClientRegistry, FileStamp, file_stamp, load_registry
 from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.service.clients import Client, ClientRegistry, FileStamp, file_stamp, load_registry
 
 log = logging.getLogger("mrtr_keys.service")
 

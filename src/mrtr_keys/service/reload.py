@@ -1,7 +1,7 @@
 """The sidecar's live key ring: codecs per audience, swapped atomically on a new generation.
 
 The sidecar holds no crypto of its own. For each audience it asks
-`mrtr_keys.security.open_codec` for the codec the stored ring records (local,
+`mrtr_keys.factory.open_codec` for the codec the stored ring records (local,
 KMS envelope, Vault, ...), over a `PinnedKeystore` that hands the codec exactly
 the ring this process validated, so every codec of one snapshot sees one
 generation. `RingState.reload()` reads the keystore; if the generation changed
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.backends import Codec
-from mrtr_keys.codecs.keyring_codec import KeyRingCodec
+from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.errors import AudienceError, MrtrKeysError
-from mrtr_keys.keyring import KeyRing
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.model import KeyRing
 
 log = logging.getLogger("mrtr_keys.service")
 
@@ -146,7 +146,7 @@ class RingState:
         codec = snap.codecs.get(audience)
         if codec is not None:
             return codec
-        from mrtr_keys.security import open_codec
+        from mrtr_keys.factory import open_codec
 
         try:
             pinned = PinnedKeystore(self.keystore, snap.ring)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mrtr_keys.audience import MAX_AUDIENCE_CHARS
+from mrtr_keys.ring.scope import MAX_AUDIENCE_CHARS
 
 MAX_PAYLOAD_BYTES = 32768
 """Largest payload one seal accepts (bytes, before base64url); keeps every token under the token cap."""

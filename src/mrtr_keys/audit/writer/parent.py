@@ -1,6 +1,6 @@
-"""The parent's handle on one audit writer process (`mrtr_keys.audit.writer_process`).
+"""The parent's handle on one audit writer process (`mrtr_keys.audit.writer.child`).
 
-`ChildWriter` starts ``python -m mrtr_keys.audit.writer_process`` with two pipes, hands it the store
+`ChildWriter` starts ``python -m mrtr_keys.audit.writer.child`` with two pipes, hands it the store
 URL and the audit key through its stdin (never argv or the environment), ships batches of sink
 items as `marshal` frames, and runs one small thread that reads the child's status frames
 (acknowledgements with counts, or the store's error while it retries) and reaps it when it exits.
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mrtr_keys.audit.writer_process import HEADER, PROTOCOL
+from mrtr_keys.audit.writer.child import HEADER, PROTOCOL
 
-MODULE = "mrtr_keys.audit.writer_process"
+MODULE = "mrtr_keys.audit.writer.child"
 PIPE_BYTES = 1 << 20
 """Requested pipe capacity (Linux ``F_SETPIPE_SZ``; capped by /proc/sys/fs/pipe-max-size)."""
 

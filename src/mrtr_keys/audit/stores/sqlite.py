@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from mrtr_keys.audit._sql import SQLStore
+from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.errors import AuditError, ConfigError
 
 BUSY_TIMEOUT_MS = 10_000

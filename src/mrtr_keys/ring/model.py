@@ -3,7 +3,7 @@
 A `KeyRing` is the document every instance of a fleet shares. It owns the keys
 and their invariants; codecs (the primitives, as in Tink's key-set handle vs
 AEAD split) are built from it and never change it. Changes are made by
-`mrtr_keys.rotation` and `mrtr_keys.scope`, which return new rings with a
+`mrtr_keys.ring.rotation` and `mrtr_keys.scope`, which return new rings with a
 generation one higher; keystores persist them with compare-and-swap on the
 generation.
 

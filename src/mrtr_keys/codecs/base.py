@@ -17,8 +17,8 @@ from typing import ClassVar
 from mrtr_keys.codecs.aesgcm import AESGCMTokenCore
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keyring import KeyRing, KeyState
 from mrtr_keys.keystores import Keystore, open_keystore
+from mrtr_keys.ring.model import KeyRing, KeyState
 
 
 class KeyRingCodec:

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 from mrtr_keys.errors import ConfigError
 
 if TYPE_CHECKING:  # every CLI command imports this module: keep it light
-    from mrtr_keys.audit.store import AuditStore
+    from mrtr_keys.audit.stores.base import AuditStore
 
 ENV_AUDIT = "MRTR_KEYS_AUDIT"
 OFF_VALUES = frozenset({"off", "none", "false", "0", "no"})
@@ -52,15 +52,15 @@ def open_store(url: str) -> AuditStore:
     """
     scheme = url.partition(":")[0].lower()
     if scheme == "sqlite":
-        from mrtr_keys.audit.sqlite import SQLiteStore, path_from_url
+        from mrtr_keys.audit.stores.sqlite import SQLiteStore, path_from_url
 
         return SQLiteStore(path_from_url(url))
     if scheme in ("postgresql", "postgres"):
-        from mrtr_keys.audit.postgres import PostgresStore
+        from mrtr_keys.audit.stores.postgres import PostgresStore
 
         return PostgresStore(url)
     if scheme == "jsonl":
-        from mrtr_keys.audit.jsonl import JSONLStore
+        from mrtr_keys.audit.stores.jsonl import JSONLStore
 
         parsed = urlparse(url)
         if parsed.netloc not in ("", "localhost") or not parsed.path:

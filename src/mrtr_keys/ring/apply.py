@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from mrtr_keys.backends import backend_for
-from mrtr_keys.keyring import KeyRing, utcnow
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.model import KeyRing, utcnow
 
 
 @dataclass(frozen=True)

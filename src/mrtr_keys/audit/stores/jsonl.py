@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS
-from mrtr_keys.audit.store import SCHEMA_VERSION, SQL_COLUMNS, Query
+from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS, Query
 from mrtr_keys.errors import AuditError, ConfigError
 
 

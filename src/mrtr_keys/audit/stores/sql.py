@@ -10,7 +10,7 @@ from typing import Any
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS, AuditEvent
-from mrtr_keys.audit.store import SCHEMA_VERSION, SQL_COLUMNS, SQL_MIGRATIONS, Query
+from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS, SQL_MIGRATIONS, Query
 from mrtr_keys.errors import AuditError, ConfigError
 
 _SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events"  # noqa: S608 - fixed column names

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mrtr_keys.changes import ChangeResult, apply_change
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keyring import KeyRing
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.apply import ChangeResult, apply_change
+from mrtr_keys.ring.model import KeyRing
 
 MAX_AUDIENCE_CHARS = 256
 

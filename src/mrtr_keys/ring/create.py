@@ -6,12 +6,21 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from mrtr_keys.audience import check_name
 from mrtr_keys.backends import backend_for
-from mrtr_keys.changes import ChangeResult, _listeners
 from mrtr_keys.errors import KeyRingExists
-from mrtr_keys.keyring import DEFAULT_TTL_SECONDS, CodecSpec, KeyRing, KeyState, check_ttl, new_kid, new_ring_id, utcnow
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.apply import ChangeResult, _listeners
+from mrtr_keys.ring.model import (
+    DEFAULT_TTL_SECONDS,
+    CodecSpec,
+    KeyRing,
+    KeyState,
+    check_ttl,
+    new_kid,
+    new_ring_id,
+    utcnow,
+)
+from mrtr_keys.ring.scope import check_name
 
 
 def create_ring(

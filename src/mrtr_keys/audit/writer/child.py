@@ -1,6 +1,6 @@
 """The audit writer process: fingerprints, chains and stores the batches an `AuditSink` ships to it.
 
-Run as ``python -m mrtr_keys.audit.writer_process`` by `mrtr_keys.audit.process_writer.ChildWriter`
+Run as ``python -m mrtr_keys.audit.writer.child`` by `mrtr_keys.audit.writer.parent.ChildWriter`
 (never by hand). It imports only the audit modules and the store driver it needs (no MCP SDK, no
 web framework), so it starts in a few tens of milliseconds.
 
@@ -171,7 +171,7 @@ def main() -> int:
 
     from mrtr_keys.audit.chain import ChainWriter
     from mrtr_keys.audit.fingerprint import Fingerprinter
-    from mrtr_keys.audit.url import open_store
+    from mrtr_keys.audit.stores.url import open_store
 
     fingerprinter = Fingerprinter(key)
     del key

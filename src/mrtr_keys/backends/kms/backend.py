@@ -1,6 +1,6 @@
 """AWS KMS envelope backend: each ring key is a KMS data key, stored only in wrapped form.
 
-A key's ``key_data`` (see `mrtr_keys.kms_client.WrappedKey`)::
+A key's ``key_data`` (see `mrtr_keys.backends.kms.client.WrappedKey`)::
 
     {"ciphertext_blob": "<standard base64 of the GenerateDataKey CiphertextBlob>",
      "kms_key_arn": "arn:aws:kms:REGION:ACCOUNT:key/ID",
@@ -26,12 +26,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
-from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.errors import ConfigError
-from mrtr_keys.keyring import CodecSpec, Key, KeyRing, KeyState
-from mrtr_keys.keystores import Keystore
-from mrtr_keys.kms_client import (
+from mrtr_keys.backends.kms.client import (
     ENV_KMS_KEY_ID,
     KMSService,
     KMSSettings,
@@ -39,7 +34,11 @@ from mrtr_keys.kms_client import (
     encryption_context,
     ring_key_id,
 )
-from mrtr_keys.token_info import describe_aesgcm_token
+from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX, describe_token
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 
 if TYPE_CHECKING:
     from mypy_boto3_kms import KMSClient
@@ -52,7 +51,7 @@ class KMSBackend:
 
     Args:
         spec: the ring's codec spec; ``spec.params["kms_key_id"]`` is the wrapping key.
-        client: a boto3 KMS client (default: built from the AWS chain, see `mrtr_keys.kms_client`).
+        client: a boto3 KMS client (default: built from the AWS chain, see `mrtr_keys.backends.kms.client`).
         kms_key_id: optional pin (else ``MRTR_KEYS_KMS_KEY_ID``): codecs refuse a ring wrapped
             under any other key.
         connect_timeout, read_timeout: seconds; max_attempts: total tries (see `KMSSettings`).
@@ -142,10 +141,10 @@ class KMSBackend:
         )
 
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
-        """Same ``mk1.`` format as the local codec (`describe_aesgcm_token`); None for other prefixes."""
+        """Same ``mk1.`` format as the local codec (`describe_token`); None for other prefixes."""
         if not token.startswith(TOKEN_PREFIX):
             return None
-        return describe_aesgcm_token(ring, token)
+        return describe_token(ring, token)
 
 
 def make_backend(spec: CodecSpec, **options: Any) -> KMSBackend:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-from mrtr_keys.audit._sql import SQLStore
+from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.errors import AuditError, ConfigError
 
 _MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations

@@ -9,7 +9,7 @@ Each step is a pure transition on a `KeyRing` with an injected time; re-running
 the step just done is a no-op success, and a step that skips ahead or goes back
 raises `RotationError` naming the command to run instead. `NotYet` (exit 75)
 means "allowed later" and carries the wait in seconds. `run_step` applies a
-step to a keystore through `mrtr_keys.changes.apply_change`.
+step to a keystore through `mrtr_keys.ring.apply.apply_change`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from enum import StrEnum
 from typing import Any
 
 from mrtr_keys.backends import Backend, backend_for
-from mrtr_keys.changes import ChangeResult, apply_change
 from mrtr_keys.errors import ConfigError, NotYet, RotationError
-from mrtr_keys.keyring import Key, KeyRing, KeyState, check_ttl, format_time, new_kid
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.apply import ChangeResult, apply_change
+from mrtr_keys.ring.model import Key, KeyRing, KeyState, check_ttl, format_time, new_kid
 
 FUTURE_SKEW_SECONDS = 60.0
 """The MCP SDK accepts tokens minted up to 60 s in the future (`_FUTURE_SKEW` in request_state.py)."""

@@ -4,7 +4,7 @@ Each usable data key (verify and primary) is re-encrypted with KMS ``ReEncrypt``
 ring's current KMS key to the new one, with the same encryption context; the plaintext
 never leaves KMS (AWS KMS API reference, ReEncrypt). Kids and data keys are unchanged, so
 every token in flight keeps unsealing. The change is one generation saved with the
-keystore's compare-and-swap (`mrtr_keys.changes.apply_change`); if any call fails, nothing
+keystore's compare-and-swap (`mrtr_keys.ring.apply.apply_change`); if any call fails, nothing
 is saved and the ring stays wrapped under the old key. Re-running it is a no-op.
 
 Retired keys are left as they are: they are never unwrapped again.
@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from mrtr_keys.changes import ChangeResult, apply_change
+from mrtr_keys.backends.kms.client import KMSService, checked_wrapped_key, ring_key_id
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keyring import CodecSpec, Key, KeyRing
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.kms_client import KMSService, checked_wrapped_key, ring_key_id
+from mrtr_keys.ring.apply import ChangeResult, apply_change
+from mrtr_keys.ring.model import CodecSpec, Key, KeyRing
 
 
 def rewrap(

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mrtr_keys.errors import BackendUnavailable, ConfigError, MrtrKeysError, UnwrapError
-from mrtr_keys.keyring import Key, KeyRing
+from mrtr_keys.ring.model import Key, KeyRing
 
 if TYPE_CHECKING:
     from mypy_boto3_kms import KMSClient

@@ -26,7 +26,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from mrtr_keys.backends.vault.client import VaultClient, VaultRefused, VaultSettings, latest_version
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as AESGCM_PREFIX
+from mrtr_keys.codecs.aesgcm import describe_token
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.vault_transit import (
     TOKEN_PREFIX,
@@ -38,11 +40,9 @@ from mrtr_keys.codecs.vault_transit import (
     key_version,
 )
 from mrtr_keys.errors import BackendUnavailable, ConfigError
-from mrtr_keys.keyring import CodecSpec, Key, KeyRing, KeyState
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 from mrtr_keys.token import unpack
-from mrtr_keys.token_info import describe_aesgcm_token
-from mrtr_keys.vault_client import VaultClient, VaultRefused, VaultSettings, latest_version
 
 
 class VaultTransitBackend:
@@ -150,7 +150,7 @@ class VaultTransitBackend:
                 "vault_ciphertext_bytes": len(body) - VERSION_BYTES,
             }
         if token.startswith(AESGCM_PREFIX):
-            info = describe_aesgcm_token(ring, token)
+            info = describe_token(ring, token)
             key = ring.lookup(info["kid"])
             info["transit_key"] = self.params.key
             info["mount"] = self.params.mount

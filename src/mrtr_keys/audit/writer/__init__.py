@@ -1,0 +1,1 @@
+"""The audit writer: the parent's handle (`parent`) and the writer process (`child`)."""

@@ -1,0 +1,1 @@
+"""AWS KMS envelope backend and its KMS client."""

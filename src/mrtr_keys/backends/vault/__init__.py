@@ -1,0 +1,1 @@
+"""Vault / OpenBao transit backend and its client."""
