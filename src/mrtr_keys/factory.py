@@ -31,12 +31,7 @@ def open_codec(
     store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
     ring = store.load()  # type: ignore[union-attr]
     backend = backend_for(ring.codec, **backend_options)
-    codec = backend.open_codec(store, audience=audience, observer=observer)  # type: ignore[arg-type]
-    if observer is not None:  # codecs not built on KeyRingCodec: record ring-loaded here (idempotent)
-        from mrtr_keys.audit.observer import notify_ring_loaded
-
-        notify_ring_loaded(observer, getattr(codec, "generation", ring.generation), ring.primary.kid)
-    return codec
+    return backend.open_codec(store, audience=audience, observer=observer)  # type: ignore[arg-type]
 
 
 def request_state_security(

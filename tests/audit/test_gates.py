@@ -18,9 +18,19 @@ from tests.fixtures.audit import cli
 from tests.fixtures.common import run_cli
 
 
-def test_promote_refuses_while_a_live_instance_lacks_phase_1_then_allows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["local", "vault-remote", "vault-datakey"])
+def test_promote_refuses_while_a_live_instance_lacks_phase_1_then_allows(
+    tmp_path: Path, codec: str, request: pytest.FixtureRequest
+) -> None:
+    """Every key-ring codec reports the generation it loads, at start and on reload (one lifecycle):
+    an instance that did not reload holds promote back, the same instance reloaded lets it through."""
     ring = tmp_path / "keyring.json"
-    assert cli("init", keystore=ring).code == 0
+    init = ["init"]
+    if codec != "local":
+        request.getfixturevalue("bao_env")
+        key = request.getfixturevalue("transit_key")
+        init += ["--codec", "vault-transit", "--transit-key", key, "--mode", codec.removeprefix("vault-")]
+    assert cli(*init, keystore=ring).code == 0
     sec = request_state_security(ring, audience="svc")  # this process: ring-loaded generation 1
     sec.codec.seal(b"x")
     assert cli("rotate", "begin", keystore=ring).code == 0  # generation 2

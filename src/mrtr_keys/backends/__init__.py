@@ -26,7 +26,10 @@ _MODULES = {
 
 
 class Codec(Protocol):
-    """The MCP SDK's `RequestStateCodec`, plus `reload()`."""
+    """The MCP SDK's `RequestStateCodec`, plus `reload()` and `remote_per_token` (True when `seal` or
+    `unseal` may call a remote service per token, so a server keeps them off its event loop)."""
+
+    remote_per_token: bool
 
     def seal(self, payload: bytes) -> str: ...
 

@@ -74,6 +74,15 @@ def reject(reason: str) -> NoReturn:
     raise InvalidRequestState(reason)
 
 
+def rejected(observer: CodecObserver | None, raw_kid: bytes | None, token: object, reason: str) -> NoReturn:
+    """The one way every codec refuses a token: tell `observer` (kid as hex, the token text, or
+    ``""`` when the caller passed something that is not a `str`), then `reject` with `reason`."""
+    if observer is not None:
+        text = token if type(token) is str else ""
+        observer.rejected(raw_kid.hex() if raw_kid is not None else None, text, reason)
+    reject(reason)
+
+
 class _NonceSource:
     """12-byte nonces from os.urandom, fetched in blocks of 512; fork-safe and thread-safe.
 
@@ -223,10 +232,7 @@ class AESGCMTokenCore:
         return payload
 
     def _rejected(self, raw_kid: bytes | None, token: str, reason: str) -> NoReturn:
-        if self._observer is not None:
-            text = token if type(token) is str else ""
-            self._observer.rejected(raw_kid.hex() if raw_kid is not None else None, text, reason)
-        reject(reason)
+        rejected(self._observer, raw_kid, token, reason)
 
 
 assert KID_BYTES == 4

@@ -1,24 +1,70 @@
-"""Base of every codec that seals with keys from a key ring (local, KMS envelope, Vault data key).
+"""The one lifecycle of every codec that seals with keys from a key ring (local, KMS, Vault transit).
 
-It loads the ring from a keystore, refuses an audience outside the ring's scope,
-turns the usable keys into 32-byte ring keys (`_ring_keys`, the one thing a
-subclass supplies) and hands them to the shared `AESGCMTokenCore`. `reload()`
-re-reads the keystore and swaps to the new generation atomically; a broken
-ring on disk raises and leaves the loaded one in place.
+`KeyRingCodec` loads the ring from a keystore, checks it was made for this codec type,
+refuses an audience outside the ring's scope, builds a token core for the ring (`_make_core`:
+by default the shared `AESGCMTokenCore` over the 32-byte keys `_ring_keys` returns) and
+installs it. Every instance reports the generation it now uses to its observer
+(``ring_loaded``), at construction and after each `reload()` that switched, which the promote
+gate of the audit log relies on (docs/audit.md).
+
+`reload()` re-reads the keystore and swaps to the new generation atomically. It never goes
+back: a stored ring with a lower generation, or with another ``ring_id``, is refused (the
+loaded ring stays, a WARNING is logged once, and `reload_refused` says why until a usable ring
+is stored again). A broken ring raises and also leaves the loaded one in place.
+
+`remote_per_token` says whether `seal`/`unseal` may call a remote service (Vault transit in
+remote mode): the sealing sidecar runs such codecs in worker threads, and the others inline.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from mrtr_keys.codecs.aesgcm import AESGCMTokenCore
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore
 from mrtr_keys.ring.model import KeyRing, KeyState
+
+log = logging.getLogger("mrtr_keys.codecs")
+
+
+class TokenCore(Protocol):
+    """A complete codec for one ring generation: what `KeyRingCodec` installs."""
+
+    def seal(self, payload: bytes) -> str: ...
+
+    def unseal(self, token: str) -> bytes: ...
+
+
+def as_keystore(keystore: Keystore | str | os.PathLike[str]) -> Keystore:
+    """`keystore` itself, or the keystore at a path or ``file://`` URL (`open_keystore`)."""
+    return open_keystore(keystore) if isinstance(keystore, str | os.PathLike) else keystore
+
+
+def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:
+    """Why `stored` must not replace `loaded`, or None when it may.
+
+    A reload only moves forward on the same ring: a lower generation (a keystore restored from
+    a backup, a stale replica) would bring back keys a rotation retired, and another ``ring_id``
+    is another ring altogether (a wrong path or URL).
+    """
+    if stored.ring_id != loaded.ring_id:
+        return (
+            f"the stored key ring is another ring (ring_id {stored.ring_id}, generation {stored.generation}) "
+            f"than the loaded one (ring_id {loaded.ring_id}); still using generation {loaded.generation}: "
+            "fix the keystore location, or restart to switch rings"
+        )
+    if stored.generation < loaded.generation:
+        return (
+            f"the stored key ring has generation {stored.generation}, older than the loaded generation "
+            f"{loaded.generation} (restored from a backup?); still using generation {loaded.generation}"
+        )
+    return None
 
 
 class KeyRingCodec:
@@ -28,7 +74,8 @@ class KeyRingCodec:
         keystore: a `Keystore`, a path, or a ``file://`` URL.
         audience: the audience tokens are sealed for (usually the MCP server's name);
             must be in the ring's audience scope.
-        observer: optional `CodecObserver` (the audit log).
+        observer: optional `CodecObserver` (the audit log); if it has ``ring_loaded(generation,
+            kid)`` that is called with every generation this instance starts using.
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: the ring cannot be loaded.
@@ -37,6 +84,11 @@ class KeyRingCodec:
     """
 
     codec_type: ClassVar[str] = ""
+    remote_per_token: bool = False
+    """True if `seal`/`unseal` may do I/O per token (then keep them off an event loop)."""
+    reload_refused: str | None = None
+    """Why the last `reload()` kept the loaded ring although the keystore holds another one
+    (lower generation, other ring), else None."""
 
     def __init__(
         self,
@@ -45,7 +97,7 @@ class KeyRingCodec:
         audience: str,
         observer: CodecObserver | None = None,
     ) -> None:
-        store = open_keystore(keystore) if isinstance(keystore, str | os.PathLike) else keystore
+        store = as_keystore(keystore)
         self._start(store, store.load(), audience=audience, observer=observer)
 
     @classmethod
@@ -63,6 +115,8 @@ class KeyRingCodec:
         self._audience = audience
         self._observer = observer
         self._lock = threading.Lock()
+        self._check_type(ring)
+        self._configure(ring)
         self._install(ring, self._build(ring))
         self._ring_loaded(ring)
 
@@ -86,7 +140,7 @@ class KeyRingCodec:
         return self._ring.generation
 
     def seal(self, payload: bytes) -> str:
-        """Seal `payload` with the ring's primary key; returns a ``mk1.`` token (see `AESGCMTokenCore`)."""
+        """Seal `payload` with the ring's primary key; returns a token (see the codec's format)."""
         return self._core.seal(payload)
 
     def unseal(self, token: str) -> bytes:
@@ -98,27 +152,39 @@ class KeyRingCodec:
         return self._core.unseal(token)
 
     def reload(self) -> bool:
-        """Re-read the keystore; switch to a newer generation. Returns True if it switched.
+        """Re-read the keystore; switch to a newer generation of the same ring. Returns True if it switched.
+
+        A stored ring with a lower generation or another ``ring_id`` is not loaded: this returns
+        False, logs a WARNING (once per distinct reason) and sets `reload_refused`.
 
         Raises:
-            KeystoreError, KeyRingError, AudienceError: the stored ring is unusable; the loaded
-                ring stays in use.
+            KeystoreError, KeyRingError, AudienceError, ConfigError: the stored ring is unusable;
+                and whatever the codec's backend raises building its keys (BackendUnavailable,
+                UnwrapError). The loaded ring stays in use whenever this raises.
         """
         if self._keystore is None:
             return False
-        ring = self._keystore.load()
-        if ring.generation == self._ring.generation and ring == self._ring:
-            return False
-        core = self._build(ring)
-        with self._lock:
-            self._install(ring, core)
-        self._ring_loaded(ring)
+        with self._lock:  # one reload at a time, so an older ring can never be installed last
+            ring = self._keystore.load()
+            loaded = self._ring
+            if ring.generation == loaded.generation and ring == loaded:
+                self.reload_refused = None
+                return False
+            refusal = reload_refusal(loaded, ring)
+            if refusal is not None:
+                if refusal != self.reload_refused:
+                    log.warning("key ring not reloaded: %s", refusal)
+                self.reload_refused = refusal
+                return False
+            self._install(ring, self._build(ring))
+            self.reload_refused = None
+            self._ring_loaded(ring)
         return True
 
-    def _install(self, ring: KeyRing, core: AESGCMTokenCore) -> None:
-        """Switch to `ring`. The core's bound `seal`/`unseal` shadow the methods below on the
-        instance, saving a call frame per token; each is a complete codec for the ring it was built
-        from, so a caller racing a reload gets the old ring or the new one, never a mix."""
+    def _install(self, ring: KeyRing, core: TokenCore) -> None:
+        """Switch to `ring`. The core's bound `seal`/`unseal` shadow the methods above on the
+        instance, saving a call frame per token; each core is a complete codec for the ring it was
+        built from, so a caller racing a reload gets the old ring or the new one, never a mix."""
         self._ring, self._core = ring, core
         self.seal = core.seal  # type: ignore[method-assign]
         self.unseal = core.unseal  # type: ignore[method-assign]
@@ -130,17 +196,31 @@ class KeyRingCodec:
         if hook is not None:
             hook(ring.generation, ring.primary.kid)
 
-    def _build(self, ring: KeyRing) -> AESGCMTokenCore:
+    def _check_type(self, ring: KeyRing) -> None:
         if self.codec_type and ring.codec.type != self.codec_type:
             raise ConfigError(
                 f"this key ring is for the {ring.codec.type!r} codec, not {self.codec_type!r}; "
                 "use mrtr_keys.request_state_security(...) to pick the right one"
             )
+
+    def _build(self, ring: KeyRing) -> TokenCore:
+        """Check `ring` (codec type, audience scope) and build its core; raises, changing nothing, if unusable."""
+        self._check_type(ring)
         ring.check_audience(self._audience)
-        keys = self._ring_keys(ring)
+        return self._make_core(ring)
+
+    def _configure(self, ring: KeyRing) -> None:
+        """Read per-instance settings from the first ring, before its core is built (default: none)."""
+
+    def _make_core(self, ring: KeyRing) -> TokenCore:
+        """The token core for `ring`: by default the AES-GCM core over `_ring_keys(ring)`."""
         retired = frozenset(k.kid for k in ring.keys if k.state is KeyState.RETIRED)
         return AESGCMTokenCore(
-            keys, primary_kid=ring.primary.kid, audience=self._audience, retired=retired, observer=self._observer
+            self._ring_keys(ring),
+            primary_kid=ring.primary.kid,
+            audience=self._audience,
+            retired=retired,
+            observer=self._observer,
         )
 
     def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:

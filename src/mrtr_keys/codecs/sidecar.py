@@ -52,6 +52,9 @@ class SidecarCodec:
         ConfigError: bad URL, no secret, empty audience, non-positive timeout.
     """
 
+    remote_per_token = True
+    """Every `seal` and `unseal` is one HTTP request to the sidecar."""
+
     def __init__(
         self,
         url: str,

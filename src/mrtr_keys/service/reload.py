@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.backends import Codec
-from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import KeyRing
@@ -154,7 +153,7 @@ class RingState:
         except AudienceError as exc:
             snap.unusable[audience] = str(exc)
             raise
-        if not isinstance(codec, KeyRingCodec):
+        if codec.remote_per_token:
             self.inline = False  # a codec that may call out per token: run it off the event loop
         snap.codecs[audience] = codec
         return codec

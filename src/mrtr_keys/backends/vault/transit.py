@@ -27,18 +27,12 @@ from datetime import datetime
 from typing import Any
 
 from mrtr_keys.backends.vault.client import VaultClient, VaultRefused, VaultSettings, latest_version
+from mrtr_keys.backends.vault.params import TransitParams, check_transit_key, datakey_context, key_version
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as AESGCM_PREFIX
 from mrtr_keys.codecs.aesgcm import describe_token
 from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.codecs.vault_transit import (
-    TOKEN_PREFIX,
-    VERSION_BYTES,
-    TransitParams,
-    VaultTransitCodec,
-    check_transit_key,
-    datakey_context,
-    key_version,
-)
+from mrtr_keys.codecs.vault_remote import TOKEN_PREFIX, VERSION_BYTES
+from mrtr_keys.codecs.vault_transit import VaultTransitCodec
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState

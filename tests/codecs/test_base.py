@@ -1,0 +1,137 @@
+"""The one key-ring codec lifecycle (`mrtr_keys.codecs.base.KeyRingCodec`) as every ring codec shows it.
+
+Rules under test (our decisions, docs/codecs.md): a reload only moves forward on the same ring (a lower
+generation or another ring_id is refused, the loaded ring keeps sealing, a WARNING says why and
+`reload_refused` keeps it for readiness); every codec reports each generation it loads; whether a codec
+calls out per token is its `remote_per_token` attribute, which the sidecar reads to choose inline or
+worker-thread execution; a token that is not a str is rejected without passing it to the observer.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from mcp.server.mcpserver import InvalidRequestState
+
+from mrtr_keys.codecs.base import KeyRingCodec
+from mrtr_keys.codecs.local import LocalAESGCMCodec
+from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.codecs.vault_transit import VaultTransitCodec
+from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.model import CodecSpec
+from mrtr_keys.ring.rotation import run_step
+from mrtr_keys.service.reload import RingState
+
+CODECS = ["local", "vault-remote", "vault-datakey"]
+
+
+def _spec(kind: str, request: pytest.FixtureRequest) -> CodecSpec:
+    if kind == "local":
+        return CodecSpec("local")
+    request.getfixturevalue("bao_env")
+    key = request.getfixturevalue("transit_key")
+    return CodecSpec("vault-transit", {"key": key, "mode": kind.removeprefix("vault-")})
+
+
+def _open(kind: str, path: Path, observer: object = None) -> KeyRingCodec:
+    cls = LocalAESGCMCodec if kind == "local" else VaultTransitCodec
+    return cls(path, audience="svc", observer=observer)  # type: ignore[arg-type]
+
+
+class Loads:
+    """An observer that records the generations a codec reports loading, and its rejections."""
+
+    def __init__(self) -> None:
+        self.generations: list[int] = []
+        self.refused: list[tuple[str | None, str, str]] = []
+
+    def sealed(self, kid: str, token: str) -> None:
+        pass
+
+    def unsealed(self, kid: str, token: str) -> None:
+        pass
+
+    def rejected(self, kid: str | None, token: str, reason: str) -> None:
+        self.refused.append((kid, token, reason))
+
+    def ring_loaded(self, generation: int, kid: str | None = None) -> None:
+        self.generations.append(generation)
+
+
+@pytest.mark.parametrize("kind", CODECS)
+def test_reload_refuses_an_older_generation_and_keeps_sealing_with_the_loaded_one(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, backup = tmp_path / "keyring.json", tmp_path / "backup.json"
+    create_ring(FileKeystore(path), codec=_spec(kind, request))
+    shutil.copyfile(path, backup)  # generation 1
+    loads = Loads()
+    codec = _open(kind, path, loads)
+    run_step(FileKeystore(path), "begin")
+    assert codec.reload() is True and codec.generation == 2 and codec.reload_refused is None
+    token = codec.seal(b"sealed on generation 2")
+
+    shutil.copyfile(backup, path)  # the keystore goes back to generation 1
+    with caplog.at_level(logging.WARNING, logger="mrtr_keys.codecs"):
+        assert codec.reload() is False
+        assert codec.reload() is False  # the same refusal is logged once
+    assert codec.generation == 2
+    assert codec.reload_refused is not None and "older than the loaded generation 2" in codec.reload_refused
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "generation 1" in caplog.records[0].getMessage()
+    assert codec.unseal(token) == b"sealed on generation 2"
+    assert codec.unseal(codec.seal(b"still sealing")) == b"still sealing"
+    assert loads.generations == [1, 2]  # a refused reload reports nothing
+
+    run_step(FileKeystore(path), "begin")  # from generation 1 on disk: a generation 2 with other keys
+    assert codec.reload() is True and codec.reload_refused is None
+    assert loads.generations == [1, 2, 2]
+
+
+@pytest.mark.parametrize("kind", CODECS)
+def test_reload_refuses_another_ring(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    path, other = tmp_path / "keyring.json", tmp_path / "other.json"
+    spec = _spec(kind, request)
+    create_ring(FileKeystore(path), codec=spec)
+    create_ring(FileKeystore(other), codec=spec)
+    run_step(FileKeystore(other), "begin")  # a higher generation does not make it the same ring
+    codec = _open(kind, path)
+    ring_id = codec.ring.ring_id
+    token = codec.seal(b"x")
+    shutil.copyfile(other, path)
+    assert codec.reload() is False
+    assert codec.ring.ring_id == ring_id and codec.generation == 1
+    assert codec.reload_refused is not None and "another ring" in codec.reload_refused
+    assert codec.unseal(token) == b"x"
+
+
+@pytest.mark.parametrize(
+    ("kind", "remote", "inline"),
+    [("local", False, True), ("vault-remote", True, False), ("vault-datakey", False, True)],
+)
+def test_remote_per_token_decides_where_the_sidecar_runs_a_codec(
+    kind: str, remote: bool, inline: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    path = tmp_path / "keyring.json"
+    create_ring(FileKeystore(path), codec=_spec(kind, request), audiences=("svc",))
+    assert _open(kind, path).remote_per_token is remote
+    assert RingState(FileKeystore(path)).inline is inline
+    assert SidecarCodec.remote_per_token is True
+
+
+@pytest.mark.parametrize("kind", CODECS)
+@pytest.mark.parametrize("token", [None, b"mk1.AAAA", 12])
+def test_a_non_string_token_is_rejected_and_never_handed_to_the_observer(
+    kind: str, token: object, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    path = tmp_path / "keyring.json"
+    create_ring(FileKeystore(path), codec=_spec(kind, request))
+    loads = Loads()
+    codec = _open(kind, path, loads)
+    with pytest.raises(InvalidRequestState):
+        codec.unseal(token)  # type: ignore[arg-type]
+    assert loads.refused == [(None, "", "malformed")]
