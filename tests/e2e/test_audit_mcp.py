@@ -50,7 +50,7 @@ def _events(ring: Path, *args: str) -> list[dict[str, Any]]:
 
 
 def _flush_all() -> None:
-    from mrtr_keys.audit.sink import _live
+    from mrtr_keys.audit.sink import live as _live
 
     for sink in list(_live):
         sink.flush()

@@ -1,7 +1,7 @@
 """`AuditObserver`: the `CodecObserver` (mrtr_keys/codecs/observe.py) that feeds the audit sink.
 
-Its per-token methods only build a small list and append it to the sink's queue (see
-`mrtr_keys.audit.sink`); fingerprinting and writing happen in the writer thread. `ring_loaded`
+Its per-token methods only build an `AuditItem` and append it to the sink's queue (see
+`mrtr_keys.audit.sink`); fingerprinting and writing happen in the writer. `ring_loaded`
 writes synchronously: an instance's ``ring-loaded`` event is in the store before the codec's
 construction (or reload) returns, which the promote gate (`mrtr_keys.audit.gates`) relies on.
 """
@@ -14,14 +14,16 @@ import time
 from typing import Literal
 
 from mrtr_keys.audit import sdk_capture
-from mrtr_keys.audit.events import OK, OP_RING_LOADED, REJECTED, AuditEvent, format_ts, instance_id
-from mrtr_keys.audit.sink import AuditSink, shared_sink
-from mrtr_keys.errors import AuditError
+from mrtr_keys.audit.events import OK, REJECTED
+from mrtr_keys.audit.items import AuditItem
+from mrtr_keys.audit.registry import shared_sink
+from mrtr_keys.audit.sink import AuditSink
 
 logger = logging.getLogger("mrtr_keys.audit")
 _now = time.time
 _local = sdk_capture.local
 _CODEC_REJECTED = sdk_capture.CODEC_REJECTED
+_Item = AuditItem
 
 
 class AuditObserver:
@@ -46,47 +48,29 @@ class AuditObserver:
         return f"AuditObserver(audience={self.audience!r}, store={self.sink.store.url!r})"
 
     def sealed(self, kid: str, token: str) -> None:
-        self.sink.submit(["seal", OK, kid, token, None, _now(), self.audience, self.generation, None, None])
+        self.sink.submit(_Item("seal", OK, kid, token, None, _now(), self.audience, self.generation, None, None))
 
     def unsealed(self, kid: str, token: str) -> None:
-        item = ["unseal", OK, kid, token, None, _now(), self.audience, self.generation, None, None]
+        item = _Item("unseal", OK, kid, token, None, _now(), self.audience, self.generation, None, None)
         self.sink.submit(item)
         _local.last = (self, item)
 
     def rejected(self, kid: str | None, token: str, reason: str) -> None:
-        self.sink.submit(["unseal", REJECTED, kid, token, reason, _now(), self.audience, self.generation, None, None])
+        self.sink.submit(
+            _Item("unseal", REJECTED, kid, token, reason, _now(), self.audience, self.generation, None, None)
+        )
         _local.last = _CODEC_REJECTED
 
     def ring_loaded(self, generation: int, kid: str | None = None) -> None:
         """Record that this instance now uses key ring `generation` (primary `kid`), synchronously,
-        once per instance, store and generation.
+        once per process, store, audience and generation (`AuditSink.ring_loaded`).
 
         Raises:
-            AuditError: the store cannot be written and `strict` is set.
+            AuditError: the store cannot be written and `strict` is set (else it is retried in the
+                background until the store is back).
         """
         self.generation, self.kid = generation, kid
-        done = _loaded.setdefault((id(self.sink), self.audience, os.getpid()), set())
-        if generation in done:
-            return
-        event = AuditEvent(
-            time=format_ts(_now()),
-            instance=instance_id(),
-            op=OP_RING_LOADED,
-            audience=self.audience,
-            kid=kid,
-            generation=generation,
-        )
-        try:
-            self.sink.write_now([event])
-        except AuditError as exc:
-            if self.strict:
-                raise
-            logger.warning("could not record ring-loaded (generation %d): %s", generation, exc)
-            return
-        done.add(generation)
-
-
-_loaded: dict[tuple[int, str, int], set[int]] = {}
+        self.sink.ring_loaded(self.audience, generation, kid, strict=self.strict)
 
 
 def observer_for(

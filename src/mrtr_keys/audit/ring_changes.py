@@ -61,7 +61,7 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
 
     def listener(result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
         # Imported on the first change, not when the CLI installs the listener at start-up.
-        from mrtr_keys.audit.sink import shared_sink
+        from mrtr_keys.audit.registry import shared_sink
         from mrtr_keys.audit.stores.url import resolve_url
 
         url = resolve_url(audit, keystore.directory)

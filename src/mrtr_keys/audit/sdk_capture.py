@@ -36,7 +36,7 @@ CODEC_REJECTED: Any = object()
 """Marker the observer leaves when our codec rejected (the event is already recorded)."""
 
 local = threading.local()
-"""`local.last`: (observer, item) of this thread's latest unseal, or `CODEC_REJECTED`."""
+"""`local.last`: (observer, `AuditItem`) of this thread's latest unseal, or `CODEC_REJECTED`."""
 
 _default: weakref.ref[AuditObserver] | None = None
 _installed: RejectionCapture | None = None
@@ -60,7 +60,7 @@ class RejectionCapture(logging.Handler):
                 return
             if last is not None and reason not in _NO_UNSEAL:
                 observer, item = last
-                if time.time() - item[5] <= _MAX_AGE:
+                if time.time() - item.time <= _MAX_AGE:
                     observer.sink.retract(item, reason)
                     return
             observer = _default() if _default is not None else None

@@ -5,19 +5,25 @@ The sidecar calls the sink once per operation with ``op``, ``audience``, ``clien
 ``duration_ms``; `SidecarAudit` queues that as one event. It also records ``ring-loaded``
 synchronously at start and on every reload that switches generation.
 
-Strict mode (``strict_audit = true``): while the store cannot be written, a call raises
-`AuditError`, so the sidecar answers 503 instead of sealing or unsealing unrecorded; `ready()`
-is False then in either mode, so ``/readyz`` fails.
+Strict mode (``strict_audit = true``): while the store cannot be written, or while the writer is
+behind (the queue past its high-water mark), a call raises `AuditError`, so the sidecar answers
+503 instead of sealing or unsealing unrecorded. Otherwise a call past the high-water mark waits
+for the writer (`mrtr_keys.audit.queue`). `ready()` is False while the store cannot be written,
+in either mode, so ``/readyz`` fails.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Literal
 
-from mrtr_keys.audit.events import OK, OP_RING_LOADED, AuditEvent, format_ts, instance_id
-from mrtr_keys.audit.sink import AuditSink, shared_sink
+from mrtr_keys.audit.items import AuditItem
+from mrtr_keys.audit.registry import shared_sink
+from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.errors import AuditError
+
+_now = time.time
 
 
 class SidecarAudit:
@@ -27,7 +33,7 @@ class SidecarAudit:
         self.sink = sink
         self.strict = strict
         self.generation: int | None = None
-        self._loaded: set[int] = set()
+        self._submit = sink.submit
 
     def __repr__(self) -> str:
         return f"SidecarAudit({self.sink.store.url!r}, strict={self.strict})"
@@ -44,44 +50,24 @@ class SidecarAudit:
         token: str | None,
         duration_ms: float,
     ) -> None:
-        if self.strict and not self.sink.healthy:
-            raise AuditError(f"the audit store cannot be written: {self.sink.last_error}")
-        self.sink.record(
-            op,
-            outcome=outcome,
-            audience=audience,
-            client=client,
-            kid=kid,
-            reason=reason,
-            token=token,
-            duration_ms=duration_ms,
-            generation=self.generation,
-        )
+        if self.strict:
+            sink = self.sink
+            if not sink.healthy:
+                raise AuditError(f"the audit store cannot be written: {sink.last_error}")
+            if sink.congested:
+                raise AuditError("the audit writer is behind (queue past its high-water mark)")
+        self._submit(AuditItem(op, outcome, kid, token, reason, _now(), audience, self.generation, client, duration_ms))
 
     def ring_loaded(self, generation: int, kid: str | None = None) -> None:
-        """Record (synchronously, once per generation) that this sidecar now serves `generation`.
+        """Record (synchronously, once per generation: `AuditSink.ring_loaded`) that this sidecar
+        now serves `generation`.
 
         Raises:
-            AuditError: the store cannot be written and `strict` is set.
+            AuditError: the store cannot be written and `strict` is set (else it is retried in the
+                background until the store is back).
         """
         self.generation = generation
-        if generation in self._loaded:
-            return
-        event = AuditEvent(
-            time=format_ts(_now()),
-            instance=instance_id(),
-            op=OP_RING_LOADED,
-            outcome=OK,
-            kid=kid,
-            generation=generation,
-        )
-        try:
-            self.sink.write_now([event])
-        except AuditError:
-            if self.strict:
-                raise
-            return
-        self._loaded.add(generation)
+        self.sink.ring_loaded(None, generation, kid, strict=self.strict)
 
     def ready(self) -> bool:
         """False while the store cannot be written (``/readyz`` then fails)."""
@@ -93,12 +79,6 @@ class SidecarAudit:
 
     def close(self) -> None:
         self.sink.close()
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
 
 
 def sidecar_audit(

@@ -7,10 +7,11 @@ web framework), so it starts in a few tens of milliseconds.
 Protocol (all frames are a 4-byte little-endian length, then `marshal` data; `marshal` is the
 stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from our own parent):
 
-* parent -> child, on stdin: first ``(PROTOCOL, url, audit_key, instance, writer)``, then batches
-  ``(seq, items)`` where each item is the sink's item list (see `mrtr_keys.audit.sink`). The audit
-  key and the store URL (which may hold a password) travel only through this inherited pipe,
-  never on the command line or in the environment.
+* parent -> child, on stdin: first ``(PROTOCOL, url, audit_key, instance, writer, libpq_env)``, then
+  batches ``(seq, columns)``: the items (`mrtr_keys.audit.items.AuditItem`) as one tuple per field.
+  The audit key, the store URL (which may hold a password) and libpq's ``PG*`` variables travel
+  only through this inherited pipe, never on the command line or in the environment (the child's
+  environment holds only what an interpreter needs: `mrtr_keys.audit.writer.parent.child_environment`).
 * child -> parent, on its stdout: ``(seq, n, error)`` status frames: after each committed
   transaction (``seq`` = the newest batch it covered, ``n`` = events stored, ``error`` None), and
   ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
@@ -31,75 +32,20 @@ import signal
 import struct
 import sys
 import time
+from itertools import chain
 from typing import Any
 
-PROTOCOL = 1
+PROTOCOL = 2
 HEADER = struct.Struct("<I")
 MAX_TX_EVENTS = 5_000
+"""Most events per store transaction (queued batches are merged up to this)."""
 MAX_FINGERPRINT_CACHE = 4_096
 """Tokens whose fingerprint is kept for the matching unseal (a seal and its unseal in one batch)."""
-"""Most events per store transaction (queued batches are merged up to this)."""
 READ_CHUNK = 1 << 20
 MAX_BUFFERED = 4 << 20
 """Bytes read ahead from the pipe before the child stops to write."""
 ORPHAN_GIVE_UP = 30.0
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
-
-# Item layout, as in mrtr_keys.audit.sink (kept here so the child imports nothing more).
-OP, OUTCOME, KID, TOKEN, REASON, TIME, AUDIENCE, GENERATION, CLIENT, DURATION = range(10)
-_OK = "ok"
-
-
-def item_values(
-    items: list[list[Any]], instance: str, fingerprinter: Any, cache: dict[str, str] | None = None
-) -> list[tuple[object, ...]]:
-    """Sink items -> event value tuples in `FIELDS` order (fingerprinting the tokens).
-
-    `cache` (token -> fingerprint, for tokens a codec minted or accepted) saves the second HMAC
-    when a batch holds both the seal and the unseal of one token; the caller bounds its size.
-    Times are formatted as `mrtr_keys.audit.events.format_ts` does, the date and time of day
-    once per second of events.
-    """
-    from datetime import UTC, datetime
-
-    fp_ok = fingerprinter.fingerprint_canonical
-    fp_any = fingerprinter.fingerprint
-    if cache is None:
-        cache = {}
-    get = cache.get
-    fromtimestamp = datetime.fromtimestamp
-    last_sec, prefix = -1, ""
-    out: list[tuple[object, ...]] = []
-    append = out.append
-    for op, outcome, kid, token, reason, ts, audience, generation, client, dur in items:
-        if token is None:
-            fp = None
-        elif outcome == _OK:
-            fp = get(token)
-            if fp is None:
-                fp = cache[token] = fp_ok(token)
-        else:
-            fp = fp_any(token)
-        sec = int(ts)
-        if sec != last_sec:
-            last_sec, prefix = sec, fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
-        micros = int((ts - sec) * 1_000_000)
-        append(
-            (
-                f"{prefix}{micros if micros < 999_999 else 999_999:06d}Z",
-                instance,
-                client,
-                audience,
-                kid,
-                op,
-                outcome,
-                reason,
-                fp,
-                generation,
-                None if dur is None else round(float(dur), 3),
-            )
-        )
-    return out
 
 
 class _Frames:
@@ -164,18 +110,21 @@ def main() -> int:
     first = frames.take()
     if not first:
         return 0
-    proto, url, key, instance, writer = first.pop(0)
-    if proto != PROTOCOL:
-        _report(status_fd, 0, 0, f"audit writer protocol {proto} is not {PROTOCOL}")
+    hello = first.pop(0)
+    if hello[0] != PROTOCOL:
+        _report(status_fd, 0, 0, f"audit writer protocol {hello[0]} is not {PROTOCOL}")
         return 2
+    _, url, key, instance, writer, libpq = hello
+    os.environ.update(libpq)  # for libpq only; not in this process's /proc/PID/environ
 
     from mrtr_keys.audit.chain import ChainWriter
     from mrtr_keys.audit.fingerprint import Fingerprinter
+    from mrtr_keys.audit.items import item_values
     from mrtr_keys.audit.stores.url import open_store
 
     fingerprinter = Fingerprinter(key)
     del key
-    chain = ChainWriter(writer)
+    links = ChainWriter(writer)
     store: Any = None
     cache: dict[str, str] = {}
     pending = first
@@ -186,23 +135,26 @@ def main() -> int:
             pending = frames.take()
             continue
         # Merge queued batches into transactions of at most MAX_TX_EVENTS events.
-        seq, items = pending.pop(0)
-        while pending and len(items) + len(pending[0][1]) <= MAX_TX_EVENTS:
-            seq, more = pending.pop(0)
-            items.extend(more)
+        seq, columns = pending.pop(0)
+        batch = [columns]
+        n = len(columns[0])
+        while pending and n + len(pending[0][1][0]) <= MAX_TX_EVENTS:
+            seq, columns = pending.pop(0)
+            batch.append(columns)
+            n += len(columns[0])
         if len(cache) > MAX_FINGERPRINT_CACHE:  # bounded memory: ~4k tokens of at most 64 KiB chars
             cache.clear()
-        values = item_values(items, instance, fingerprinter, cache)
+        values = item_values(chain.from_iterable(zip(*c, strict=True) for c in batch), instance, fingerprinter, cache)
         delay, failing_since = RETRY_MIN, 0.0
         while True:
             try:
                 if store is None:
                     store = open_store(url)
-                rows = chain.link_values(values)
+                rows = links.link_values(values)
                 try:
                     store.append_rows(rows)
                 except BaseException:
-                    chain.rollback()
+                    links.rollback()
                     raise
                 break
             except Exception as exc:

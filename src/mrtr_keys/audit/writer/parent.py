@@ -2,7 +2,8 @@
 
 `ChildWriter` starts ``python -m mrtr_keys.audit.writer.child`` with two pipes, hands it the store
 URL and the audit key through its stdin (never argv or the environment), ships batches of sink
-items as `marshal` frames, and runs one small thread that reads the child's status frames
+items as `marshal` frames of columns (`mrtr_keys.audit.items.to_columns`), and runs one small
+thread that reads the child's status frames
 (acknowledgements with counts, or the store's error while it retries) and reaps it when it exits.
 
 Batches shipped but not yet acknowledged when the child dies are reported to `on_exit` as lost
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,35 @@ PIPE_BYTES = 1 << 20
 """Requested pipe capacity (Linux ``F_SETPIPE_SZ``; capped by /proc/sys/fs/pipe-max-size)."""
 
 _forgotten: list[subprocess.Popen[bytes]] = []
+
+_PASSED_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "TZ",
+        "LANG",
+        "LANGUAGE",
+        "USER",
+        "LOGNAME",
+        "VIRTUAL_ENV",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+    }
+)
+
+
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The writer process's environment: only what an interpreter needs (``PATH``, locale, ``HOME``,
+    ``TMPDIR``, ``PYTHON*``, CA bundle paths). Nothing else is passed on: no ``MRTR_KEYS_AUDIT``
+    (a store URL may carry a password), no cloud or Vault credentials. libpq's ``PG*`` variables
+    (``PGPASSWORD`` among them) travel through the stdin pipe instead, and the child sets them in
+    its own process only (they do not show in its ``/proc/PID/environ``)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if k in _PASSED_ENV or (k.startswith(("LC_", "PYTHON")) and k != "PYTHONSTARTUP")
+    }
 
 
 def _package_root() -> str:
@@ -63,9 +93,10 @@ class ChildWriter:
     ) -> None:
         self.writer = writer
         self._on_ack, self._on_error, self._on_exit = on_ack, on_error, on_exit
-        env = dict(os.environ)
+        env = child_environment(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        libpq = {k: v for k, v in os.environ.items() if k.startswith("PG")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", MODULE],
             stdin=subprocess.PIPE,
@@ -90,7 +121,7 @@ class ChildWriter:
         self.alive = True
         self._pending: dict[int, int] = {}
         self._errors_seen = 0
-        self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer)))
+        self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer, libpq)))
         self._thread = threading.Thread(target=self._read_status, name=f"mrtr-keys-audit-status-{writer}", daemon=True)
         self._thread.start()
 
@@ -110,20 +141,21 @@ class ChildWriter:
         while view:
             view = view[os.write(fd, view) :]
 
-    def send(self, items: list[list[Any]]) -> int:
-        """Ship one batch (blocks while the pipe is full: the child is behind). Returns its seq.
+    def send(self, columns: tuple[tuple[Any, ...], ...], n: int) -> int:
+        """Ship one batch of `n` items as columns (blocks while the pipe is full: the child is
+        behind). Returns its seq.
 
         Raises:
             OSError: the child is gone (the batch is not counted as pending; the caller counts it).
         """
         with self._send_lock:
-            data = marshal.dumps((self.sent + 1, items))
+            data = marshal.dumps((self.sent + 1, columns))
             with self._cond:
                 if not self.alive:
                     raise BrokenPipeError("the audit writer process has exited")
                 self.sent += 1
                 seq = self.sent
-                self._pending[seq] = len(items)
+                self._pending[seq] = n
             try:
                 self._write(data)
             except OSError:
@@ -220,3 +252,103 @@ class ChildWriter:
                 f.close()
         self.alive = False
         _forgotten.append(self.proc)  # never reaped or waited on here
+
+
+class ProcessWriter:
+    """The sink's side of process mode: ships item batches to a `ChildWriter`, starting one when
+    there is none or the last one died (a new child is a new chain: ``WRITER/pN``).
+
+    Args:
+        url: the store URL the child opens (may carry a password; sent through the pipe only).
+        key: the audit key. `instance`: the events' ``instance``. `writer`: the sink's chain id.
+        on_ack(n): n events stored. on_error(message or None): the store cannot be written
+            (None: the child is writing again). on_lost(n, message): n events will never be
+            stored (the child died with them, or none could be started).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        key: bytes,
+        *,
+        instance: str,
+        writer: str,
+        on_ack: Callable[[int], None],
+        on_error: Callable[[str | None], None],
+        on_lost: Callable[[int, str], None],
+    ) -> None:
+        self._url, self._key, self._instance, self._writer = url, key, instance, writer
+        self._on_ack, self._on_error, self._on_lost = on_ack, on_error, on_lost
+        self.child: ChildWriter | None = None
+        self.started = 0
+        """Writer processes started (more than 1 means one died and was replaced)."""
+        self.shipped_all = True
+        """False when the last batch could not be handed to a child (flush() then fails)."""
+        self.closing = False
+
+    @property
+    def pid(self) -> int | None:
+        child = self.child
+        return child.pid if child is not None and child.alive else None
+
+    def ship(self, columns: tuple[tuple[Any, ...], ...], n: int) -> None:
+        """Send one batch of `n` items as columns (`mrtr_keys.audit.items.to_columns`); blocks
+        while the child's pipe is full (it is behind)."""
+        child = self.child
+        if child is None or not child.alive:
+            try:
+                child = self.child = self._spawn()
+            except Exception as exc:  # cannot start a writer: the batch is lost, and said so
+                message = f"cannot start the audit writer process: {exc}"
+                self._on_error(message)
+                self._on_lost(n, message)
+                self.shipped_all = False
+                return
+        try:
+            child.send(columns, n)
+        except OSError:  # died since the check; _exited counts what it had, this batch is ours
+            self._on_lost(n, "the audit writer process has exited")
+            self.shipped_all = False
+            return
+        self.shipped_all = True
+
+    def _spawn(self) -> ChildWriter:
+        self.started += 1
+        return ChildWriter(
+            self._url,
+            self._key,
+            instance=self._instance,
+            writer=f"{self._writer}/p{self.started}",
+            on_ack=self._acked,
+            on_error=self._on_error,
+            on_exit=self._exited,
+        )
+
+    def _acked(self, n: int) -> None:
+        self._on_ack(n)
+
+    def _exited(self, lost: int, message: str) -> None:
+        if self.closing and not lost:
+            return  # close(): the child ended because we closed its pipe
+        self._on_error(f"{message}; {lost} events lost" if lost else message)
+        if lost:
+            self._on_lost(lost, message)
+
+    def wait_acked(self, timeout: float) -> bool:
+        """True once everything shipped so far is stored (False on timeout, death or store error)."""
+        child = self.child
+        if child is None:
+            return self.shipped_all
+        return child.wait_acked(child.sent, timeout) and self.shipped_all
+
+    def close(self, timeout: float) -> None:
+        self.closing = True
+        child, self.child = self.child, None
+        if child is not None:
+            child.close(timeout)
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited child without touching it."""
+        child, self.child = self.child, None
+        if child is not None:
+            child.forget()

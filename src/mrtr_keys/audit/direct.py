@@ -1,0 +1,129 @@
+"""`DirectWriter`: chains and stores events in the caller's process, on one chain (``host:pid:start#n``).
+
+The sink uses it for synchronous writes (``ring-loaded``, key ring changes) and, in thread mode,
+for every batch. A ``ring-loaded`` that could not be written (non-strict) is kept and retried by
+the sink's background thread with backoff (`recover`), which doubles as the probe that clears
+the store error once the store answers again, so readiness and the promote gate recover without
+a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from mrtr_keys.audit.chain import ChainWriter, event_values
+from mrtr_keys.audit.events import OP_RING_LOADED, AuditEvent, format_ts, instance_id
+from mrtr_keys.audit.stores.base import AuditStore
+from mrtr_keys.errors import AuditError
+
+logger = logging.getLogger("mrtr_keys.audit")
+
+RETRY_MIN, RETRY_MAX = 0.05, 2.0
+"""Backoff (seconds) between retries of unrecorded synchronous events and store probes."""
+
+
+class DirectWriter:
+    """Synchronous appends to `store` on chain `writer` (see the module docstring)."""
+
+    def __init__(self, store: AuditStore, writer: str) -> None:
+        self.store = store
+        self.chain = ChainWriter(writer)
+        self.error: str | None = None
+        """Why the last append or probe failed (None once one succeeded)."""
+        self.written = 0
+        self.failures = 0
+        self._loaded: set[tuple[str | None, int]] = set()
+        self.unrecorded: list[tuple[tuple[str | None, int], AuditEvent]] = []
+        self._count_lock = threading.Lock()
+        self._retry_at = 0.0
+        self._retry_delay = RETRY_MIN
+
+    def append(self, values: list[tuple[object, ...]]) -> None:
+        """Chain value tuples (`FIELDS` order) and store them in one transaction.
+
+        Raises:
+            AuditError: the store could not be written (the chain is rolled back).
+        """
+        with self.chain.lock:
+            rows = self.chain.link_values(values)
+            try:
+                self.store.append_rows(rows)
+            except Exception as exc:
+                self.chain.rollback()
+                self.failures += 1
+                self.error = str(exc) if isinstance(exc, AuditError) else f"{type(exc).__name__}: {exc}"
+                raise AuditError(self.error) from None
+        with self._count_lock:
+            self.written += len(rows)
+        self.error = None
+
+    def write_now(self, events: Sequence[AuditEvent]) -> None:
+        """Chain and store `events` before returning. Raises: AuditError (store not written)."""
+        self.append([event_values(e) for e in events])
+
+    def ring_loaded(self, audience: str | None, generation: int, kid: str | None, *, strict: bool) -> bool:
+        """Record once per (`audience`, `generation`) that this instance uses that generation.
+
+        Returns False if it could not be written now and was kept for `recover` (non-strict).
+
+        Raises:
+            AuditError: the store cannot be written and `strict` is set.
+        """
+        key = (audience, generation)
+        if key in self._loaded:
+            return True
+        event = AuditEvent(
+            time=format_ts(time.time()),
+            instance=instance_id(),
+            op=OP_RING_LOADED,
+            audience=audience,
+            kid=kid,
+            generation=generation,
+        )
+        try:
+            self.write_now([event])
+        except AuditError as exc:
+            if strict:
+                raise
+            logger.warning("could not record ring-loaded (generation %d), will retry: %s", generation, exc)
+            self.unrecorded.append((key, event))
+            return False
+        self._loaded.add(key)
+        return True
+
+    def probe(self) -> bool:
+        """Read the store now; True if it answered (then the error is cleared unless events wait)."""
+        try:
+            self.store.count()
+        except Exception as exc:
+            self.error = str(exc)
+            return False
+        if not self.unrecorded:
+            self.error = None
+        return True
+
+    def recover(self) -> None:
+        """While an append failed or events wait: retry them (or probe), at most once per backoff."""
+        if self.error is None and not self.unrecorded:
+            return
+        now = time.monotonic()
+        if now < self._retry_at:
+            return
+        try:
+            if self.unrecorded:
+                waiting = self.unrecorded
+                self.write_now([e for _, e in waiting])
+                self._loaded.update(k for k, _ in waiting)
+                self.unrecorded = []
+                return
+            ok = self.probe()
+        except AuditError:
+            ok = False
+        if ok:
+            self._retry_delay = RETRY_MIN
+        else:
+            self._retry_at = now + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)

@@ -1,0 +1,110 @@
+"""`AuditItem`: what a producer (codec observer, sidecar, SDK capture) queues for the audit writer.
+
+An item is the raw material of one event: the token itself rather than its fingerprint, and the
+POSIX time rather than its text. The writer (a thread, or the writer process,
+`mrtr_keys.audit.writer.child`) turns items into event values with `item_values`, the one place
+that fingerprints and formats them. This module imports only the standard library, so the writer
+process loads it in microseconds.
+
+On the way to the writer process a batch travels as columns (`to_columns`: one tuple per field,
+`marshal`-encoded), not as one object per event: ten tuples for any number of events.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+OK = "ok"
+REJECTED = "rejected"
+
+
+class AuditItem(NamedTuple):
+    """One queued event (see the module docstring). The field order is the wire's column order."""
+
+    op: str
+    outcome: str
+    kid: str | None
+    token: str | None
+    """The token as the codec saw it (cut to the token cap + 1 characters); fingerprinted by the
+    writer, never stored."""
+    reason: str | None
+    time: float
+    """POSIX seconds."""
+    audience: str | None
+    generation: int | None
+    client: str | None
+    duration_ms: float | None
+
+    def rejected(self, reason: str, at: float | None = None) -> AuditItem:
+        """This item as ``rejected`` with `reason` (an SDK rejection after our unseal; `at`: a
+        new time for a rejection recorded as an event of its own)."""
+        return self._replace(outcome=REJECTED, reason=reason, time=self.time if at is None else at)
+
+
+ITEM_OVERHEAD_BYTES = 600
+"""What one queued item costs in memory beyond its token's characters (the tuple, its floats, the
+queue's slot, a share of the frame on its way to the writer): a conservative round figure used by
+the sink's byte bound."""
+
+
+def item_bytes(item: AuditItem) -> int:
+    """The memory one queued item is charged for (bytes): `ITEM_OVERHEAD_BYTES` + its token's length."""
+    token = item.token
+    return ITEM_OVERHEAD_BYTES + (len(token) if token is not None else 0)
+
+
+def to_columns(items: list[AuditItem]) -> tuple[tuple[Any, ...], ...]:
+    """`items` as one tuple per field (what `marshal` ships to the writer process)."""
+    return tuple(zip(*items, strict=True))
+
+
+def item_values(
+    rows: Any, instance: str, fingerprinter: Any, cache: dict[str, str] | None = None
+) -> list[tuple[object, ...]]:
+    """Items (any iterable of 10-tuples in `AuditItem` field order) -> event value tuples in
+    `mrtr_keys.audit.events.FIELDS` order, fingerprinting the tokens.
+
+    `cache` (token -> fingerprint, for tokens a codec minted or accepted) saves the second HMAC
+    when a batch holds both the seal and the unseal of one token; the caller bounds its size.
+    Times are formatted as `mrtr_keys.audit.events.format_ts` does, the date and time of day
+    once per second of events.
+    """
+    fp_ok = fingerprinter.fingerprint_canonical
+    fp_any = fingerprinter.fingerprint
+    if cache is None:
+        cache = {}
+    get = cache.get
+    fromtimestamp = datetime.fromtimestamp
+    last_sec, prefix = -1, ""
+    out: list[tuple[object, ...]] = []
+    append = out.append
+    for op, outcome, kid, token, reason, ts, audience, generation, client, dur in rows:
+        if token is None:
+            fp = None
+        elif outcome == OK:
+            fp = get(token)
+            if fp is None:
+                fp = cache[token] = fp_ok(token)
+        else:
+            fp = fp_any(token)
+        sec = int(ts)
+        if sec != last_sec:
+            last_sec, prefix = sec, fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        micros = int((ts - sec) * 1_000_000)
+        append(
+            (
+                f"{prefix}{micros if micros < 999_999 else 999_999:06d}Z",
+                instance,
+                client,
+                audience,
+                kid,
+                op,
+                outcome,
+                reason,
+                fp,
+                generation,
+                None if dur is None else round(float(dur), 3),
+            )
+        )
+    return out

@@ -1,0 +1,187 @@
+"""`AuditQueue`: the audit sink's queue, bounded in events and in bytes, with backpressure.
+
+Every item is charged `mrtr_keys.audit.items.item_bytes` from `submit` until the sink `release`s
+it (handed to the writer process, or stored). Below the high-water mark (half of `capacity` and
+half of `max_bytes`) `submit` takes one short lock and appends. Above it, while the writer is
+healthy, the caller waits (at most `max_wait` seconds) for it to catch up: callers are slowed,
+not dropped. An event is dropped only when waiting did not help (the writer stalled, or the store
+cannot be written) and the queue is at its hard bound; `dropped` counts every such event and a
+WARNING on ``mrtr_keys.audit`` says how many so far, at most once a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from itertools import repeat, starmap
+
+from mrtr_keys.audit.items import ITEM_OVERHEAD_BYTES, AuditItem
+from mrtr_keys.token import MAX_TOKEN_CHARS
+
+logger = logging.getLogger("mrtr_keys.audit")
+
+DEFAULT_CAPACITY = 50_000
+"""Events the queue holds at most (its hard bound; the high-water mark is half of it)."""
+DEFAULT_MAX_BYTES = 32 << 20
+"""Bytes the queue holds at most (`item_bytes` summed; the high-water mark is half of it)."""
+DEFAULT_MAX_WAIT = 2.0
+"""Seconds a caller waits at the high-water mark for a working writer before dropping is allowed."""
+TOKEN_KEEP = MAX_TOKEN_CHARS + 1
+"""Characters of a token kept for its fingerprint: anything longer is not a token any codec
+accepts, and its fingerprint (``raw:`` + the first `MAX_TOKEN_CHARS`) is the same when cut here."""
+DROP_LOG_INTERVAL = 1.0
+
+
+def _cost(items: Sequence[AuditItem]) -> int:
+    return ITEM_OVERHEAD_BYTES * len(items) + sum(len(x.token) for x in items if x.token is not None)
+
+
+class AuditQueue:
+    """The bounded queue (see the module docstring).
+
+    Args:
+        capacity: hard bound in events; `max_bytes`: hard bound in bytes; `max_wait`: seconds a
+            caller may be slowed at the high-water mark.
+        healthy: True while the writer can store (callers wait only then).
+        wake: asks the writer to run now. `where`: names the store in log lines.
+    """
+
+    def __init__(
+        self,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        healthy: Callable[[], bool],
+        wake: Callable[[], None],
+        where: str,
+    ) -> None:
+        if capacity < 2 or max_bytes < 2 * (ITEM_OVERHEAD_BYTES + TOKEN_KEEP) or not max_wait >= 0:
+            raise ValueError("capacity >= 2, max_bytes >= two largest items, max_wait >= 0")
+        self.capacity, self.max_bytes, self.max_wait = capacity, max_bytes, max_wait
+        self.high_water, self.high_bytes = capacity // 2, max_bytes // 2
+        self._healthy, self._wake, self._where = healthy, wake, where
+        self.items: deque[AuditItem] = deque()
+        self.retracts: deque[tuple[AuditItem, str]] = deque()
+        self.n = 0
+        """Events charged: queued, held back one cycle, or being handed to the writer."""
+        self.bytes = 0
+        self.high = 0
+        """Most events charged at once."""
+        self.dropped = 0
+        self.slowed = 0
+        """Callers made to wait at the high-water mark."""
+        self.writer_thread: threading.Thread | None = None
+        """The writer's own thread (never made to wait)."""
+        self._space = threading.Condition(threading.Lock())
+        self._waiters = 0
+        self._stalled = False
+        self._drop_lock = threading.Lock()
+        self._last_drop_log = 0.0
+
+    @property
+    def congested(self) -> bool:
+        """True while past the high-water mark (strict callers refuse then)."""
+        return self.n >= self.high_water or self.bytes >= self.high_bytes
+
+    def submit(self, item: AuditItem) -> None:
+        """Queue one item; waits at the high-water mark (see the module docstring); never raises."""
+        token = item.token
+        if token is not None and len(token) > TOKEN_KEEP:
+            item = item._replace(token=token[:TOKEN_KEEP])
+            token = item.token
+        cost = ITEM_OVERHEAD_BYTES + (len(token) if token is not None else 0)
+        with self._space:
+            if self.n < self.high_water and self.bytes + cost <= self.high_bytes:
+                self.items.append(item)
+                self.n += 1
+                self.bytes += cost
+                return
+        self._submit_congested(item, cost)
+
+    def _submit_congested(self, item: AuditItem, cost: int) -> None:
+        deadline = 0.0
+        with self._space:
+            while self.n >= self.high_water or self.bytes + cost > self.high_bytes:
+                if self._stalled or not self._healthy() or threading.current_thread() is self.writer_thread:
+                    break
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + self.max_wait
+                    self.slowed += 1
+                elif now >= deadline:
+                    self._stalled = True  # waiting did not help: drop at the hard bound until it drains
+                    break
+                self._waiters += 1
+                self._wake()
+                try:
+                    self._space.wait(deadline - now)
+                finally:
+                    self._waiters -= 1
+            if self.n < self.capacity and self.bytes + cost <= self.max_bytes:
+                self.items.append(item)
+                self.n += 1
+                self.bytes += cost
+                self.high = max(self.high, self.n)
+                return
+        self.drop()
+
+    def take(self, n: int) -> list[AuditItem]:
+        """Pop the `n` oldest items (still charged until `release`)."""
+        return list(starmap(self.items.popleft, repeat((), min(n, len(self.items)))))
+
+    def take_retracts(self) -> list[tuple[AuditItem, str]]:
+        return list(starmap(self.retracts.popleft, repeat((), len(self.retracts))))
+
+    def charge(self, items: Sequence[AuditItem]) -> None:
+        """Charge items made by the writer itself (late rejections), without a bound check."""
+        cost = _cost(items)
+        with self._space:
+            self.n += len(items)
+            self.bytes += cost
+
+    def release(self, items: Sequence[AuditItem]) -> None:
+        """`items` left this process's memory (shipped or written): uncharge them; wake waiters."""
+        if not items:
+            return
+        cost = _cost(items)
+        with self._space:
+            self.n -= len(items)
+            self.bytes -= cost
+            if self.n < self.high_water and self.bytes < self.high_bytes:
+                self._stalled = False
+                if self._waiters:
+                    self._space.notify_all()
+
+    def wake_all(self) -> None:
+        """Let every waiting caller go (the sink is closing)."""
+        with self._space:
+            self._stalled = True
+            self._space.notify_all()
+
+    def retract(self, item: AuditItem, reason: str) -> None:
+        """Ask the writer to turn queued `item` into a rejection with `reason` (see the sink)."""
+        if len(self.retracts) < self.capacity:
+            self.retracts.append((item, reason))
+        else:
+            self.drop()
+
+    def drop(self, n: int = 1, why: str | None = None) -> None:
+        """Count `n` events that will never be stored; log (at most once a second, or with `why`)."""
+        with self._drop_lock:
+            self.dropped += n
+            now = time.monotonic()
+            if why is not None:
+                logger.warning("audit: %d events dropped: %s (store %s)", n, why, self._where)
+            elif now - self._last_drop_log >= DROP_LOG_INTERVAL or self.dropped == n:
+                self._last_drop_log = now
+                logger.warning(
+                    "audit queue full (%d events, %d bytes): %d events dropped so far (store %s)",
+                    self.n,
+                    self.bytes,
+                    self.dropped,
+                    self._where,
+                )
