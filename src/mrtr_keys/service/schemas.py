@@ -1,21 +1,40 @@
 """Request and response shapes of the sidecar API, as pydantic models for the OpenAPI document.
 
-The hot routes parse with orjson and check fields by hand (`parse_*` in
-`mrtr_keys.service.app`) so a seal costs microseconds; these models are the
-documented contract and the tests check the two agree. Bytes travel as
-unpadded base64url (RFC 4648 section 5); tokens are the codec's own text.
+The routes parse with orjson and check fields by hand (`mrtr_keys.service.validation`) so a seal costs
+microseconds; these models are the documented contract, built on the same rules (the payload check is
+the same function), and tests/service/test_parity.py checks that a body one accepts the other accepts
+too. Bytes travel as unpadded base64url (RFC 4648 section 5); tokens are the codec's own text.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mrtr_keys.ring.scope import MAX_AUDIENCE_CHARS
+from mrtr_keys.service.config import DEFAULT_MAX_BATCH_ITEMS
+from mrtr_keys.service.validation import MAX_PAYLOAD_B64_CHARS, MAX_PAYLOAD_BYTES, decode_payload
 
-MAX_PAYLOAD_BYTES = 32768
-"""Largest payload one seal accepts (bytes, before base64url); keeps every token under the token cap."""
+__all__ = ["MAX_PAYLOAD_BYTES"]
+
+
+def _payload(text: str) -> str:
+    refused = decode_payload(text)
+    if isinstance(refused, str):
+        raise ValueError(refused)
+    return text
+
+
+Payload = Annotated[
+    str,
+    Field(
+        max_length=MAX_PAYLOAD_B64_CHARS,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description=f"Unpadded, canonical base64url (RFC 4648 section 5) of at most {MAX_PAYLOAD_BYTES} bytes.",
+    ),
+    AfterValidator(_payload),
+]
 
 
 class _Strict(BaseModel):
@@ -24,7 +43,7 @@ class _Strict(BaseModel):
 
 class SealRequest(_Strict):
     audience: str = Field(min_length=1, max_length=MAX_AUDIENCE_CHARS, description="Exact, case-sensitive.")
-    payload: str = Field(description=f"Unpadded base64url of at most {MAX_PAYLOAD_BYTES} bytes.")
+    payload: Payload
 
 
 class SealResponse(BaseModel):
@@ -48,11 +67,15 @@ class ItemError(BaseModel):
 
 
 class SealBatchRequest(_Strict):
-    items: list[SealRequest] = Field(description="1 to max_batch_items (default 256) items.")
+    items: list[SealRequest] = Field(
+        min_length=1, max_length=DEFAULT_MAX_BATCH_ITEMS, description="1 to max_batch_items (default 256) items."
+    )
 
 
 class UnsealBatchRequest(_Strict):
-    items: list[UnsealRequest] = Field(description="1 to max_batch_items (default 256) items.")
+    items: list[UnsealRequest] = Field(
+        min_length=1, max_length=DEFAULT_MAX_BATCH_ITEMS, description="1 to max_batch_items (default 256) items."
+    )
 
 
 class SealBatchResponse(BaseModel):

@@ -1,0 +1,162 @@
+"""The sidecar's live state between requests: codecs per audience, readiness, reload, ``ring-loaded``.
+
+`RingLifecycle` is the base of `mrtr_keys.service.handlers.SidecarCore`: it owns the `RingState` and
+the `ClientAuth`, calls codecs (on the event loop for in-memory codecs, in a worker thread for codecs
+that may call out per token), answers ``/readyz`` with a seal/unseal self-test, and runs the reload loop
+(every ``reload_interval`` seconds and on SIGHUP) that swaps in a new generation and client registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+from mcp.server.mcpserver import InvalidRequestState
+
+from mrtr_keys.backends import Codec
+from mrtr_keys.ring.model import KeyRing
+from mrtr_keys.service.auth import ClientAuth
+from mrtr_keys.service.config import ServiceConfig
+from mrtr_keys.service.metrics import SidecarMetrics
+from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
+from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
+
+log = logging.getLogger("mrtr_keys.service")
+
+STALE_NOTE = "the stored key ring cannot be loaded; serving the last good generation (see the server log)"
+
+
+def probe_audience(ring: KeyRing) -> str:
+    """The audience the readiness self-test seals for: the first in scope, else `PROBE_AUDIENCE`."""
+    return ring.audiences[0] if ring.audiences else PROBE_AUDIENCE
+
+
+class RingLifecycle:
+    """The ring, clients, metrics and audit sink of one sidecar process, and their upkeep.
+
+    Args:
+        ring: the live key ring (`RingState`).
+        auth: the live client registry (`ClientAuth`).
+        config: limits and the reload interval.
+        audit: optional `AuditSink` (``ring_loaded(generation, kid)`` is called if it has one).
+    """
+
+    def __init__(
+        self, ring: RingState, auth: ClientAuth, config: ServiceConfig, *, audit: AuditSink | None = None
+    ) -> None:
+        self.ring = ring
+        self.auth = auth
+        self.config = config
+        self.audit = audit
+        self.strict_audit = config.strict_audit
+        self._ring_loaded()
+        self.metrics = SidecarMetrics()
+        self.metrics.generation.set(ring.ring.generation)
+        if audit is not None:
+            self.metrics.watch_audit(getattr(audit, "sink", audit))
+        self._wake: asyncio.Event | None = None
+
+    # ---------------------------------------------------------------- codecs
+
+    async def _codec(self, audience: str) -> Codec:
+        codec = self.ring.snapshot.codecs.get(audience)
+        if codec is None:
+            codec = await anyio.to_thread.run_sync(self.ring.open, audience)
+        return codec
+
+    async def _run(self, fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
+        """Call a codec method: on the event loop for in-memory codecs, else in a worker thread."""
+        if self.ring.inline:
+            return self._call(fn, arg)
+        return await anyio.to_thread.run_sync(self._call, fn, arg)
+
+    def _call(self, fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
+        """`fn(arg)` and the kid the codec reported; `Rejected` for the SDK's `InvalidRequestState`."""
+        tap = self.ring.tap
+        tap.clear()
+        try:
+            value = fn(arg)
+        except InvalidRequestState as exc:
+            raise Rejected(str(exc), tap.take()) from None
+        return value, tap.take()
+
+    # ---------------------------------------------------------------- state
+
+    def describe(self) -> dict[str, Any]:
+        """``GET /v1/keys``: the ring's public description and the reload error note (never material)."""
+        doc = self.ring.ring.describe()
+        doc["reload_error"] = STALE_NOTE if self.ring.error else None
+        return doc
+
+    async def readyz(self, strict: bool = False) -> Result:
+        """200 when the ring is loaded and a seal/unseal self-test passes (backend reachable), else 503.
+
+        With `strict`, a stored ring that cannot be loaded (last good one serving) also gives 503.
+        """
+        ring = self.ring.ring
+        stale = STALE_NOTE if self.ring.error else None
+        try:
+            codec = await self._codec(probe_audience(ring))
+            token, _ = await self._run(codec.seal, b"readyz")
+            payload, _ = await self._run(codec.unseal, token)
+            ok = payload == b"readyz"
+        except Exception as exc:
+            log.warning("readiness self-test failed: %s", getattr(exc, "reason", None) or type(exc).__name__)
+            ok = False
+        doc: dict[str, Any] = {"ready": ok, "generation": ring.generation, "reload_error": stale}
+        if not ok:
+            doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
+        audit_ready = getattr(self.audit, "ready", None)
+        if ok and audit_ready is not None and not audit_ready():
+            ok = False
+            doc["reason"] = "the audit store cannot be written (see the server log)"
+        ready = ok and not (strict and stale)
+        doc["ready"] = ready
+        return (200 if ready else 503), dump(doc), None
+
+    # ---------------------------------------------------------------- reload
+
+    def reload_now(self) -> bool:
+        """Poll the client registry and the keystore once (blocking I/O: call off the event loop)."""
+        registry_changed = self.auth.refresh()
+        audiences = self.auth.registry.audiences()
+        if registry_changed:
+            self.ring.prepare(audiences)
+        had_error = self.ring.error
+        switched = self.ring.reload(audiences)
+        if switched:
+            self._ring_loaded()
+            self.metrics.reloads.labels("switched").inc()
+            self.metrics.generation.set(self.ring.ring.generation)
+        elif self.ring.error and self.ring.error != had_error:
+            self.metrics.reloads.labels("failed").inc()
+        self.metrics.stale.set(1 if self.ring.error else 0)
+        return switched
+
+    def _ring_loaded(self) -> None:
+        """Record ``ring-loaded`` in the audit log (synchronously) if the sink supports it (docs/audit.md)."""
+        hook = getattr(self.audit, "ring_loaded", None)
+        if hook is not None:
+            hook(self.ring.ring.generation, self.ring.ring.primary.kid)
+
+    def wake(self) -> None:
+        """Ask the reload loop to poll now (SIGHUP)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def reload_loop(self) -> None:
+        """Poll every ``reload_interval`` seconds or when woken, until cancelled; a failed poll is logged."""
+        self._wake = wake = asyncio.Event()
+        interval = self.config.reload_interval
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), interval)
+            wake.clear()
+            try:
+                await anyio.to_thread.run_sync(self.reload_now)
+            except Exception:
+                log.exception("reload failed")
