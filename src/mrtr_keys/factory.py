@@ -77,9 +77,9 @@ def request_state_security(
         keystore = store  # type: ignore[assignment]
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)
-    if ring is not None and ttl > ring.ttl_seconds:
+    if ring is not None and ttl > ring.server_ttl_limit:
         raise ConfigError(
-            f"ttl {ttl:g} s is longer than the key ring's TTL ({ring.ttl_seconds:g} s), so a retire could reject "
-            "rounds still in flight; raise the ring's TTL with: mrtr-keys rotate begin --ttl SECONDS"
+            f"ttl {ttl:g} s is longer than the key ring's TTL ({ring.server_ttl_limit:g} s), so a retire could reject "
+            "rounds still in flight; raise the ring's TTL with: mrtr-keys keys ttl SECONDS"
         )
     return RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))

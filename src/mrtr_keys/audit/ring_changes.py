@@ -29,6 +29,8 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
     reason: str | None = FORCED if result.forced else None
     if op == "retire":
         kid = details.get("old")
+    elif op in ("abort", "destroy"):  # the key removed or destroyed
+        kid = details.get("removed") or details.get("kid")
     elif op == "audience":
         kid = None
         if "added" in details:

@@ -82,9 +82,8 @@ def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) 
     return open_store(url)
 
 
-def rotation_gate_for(keystore: Keystore, *, window: float | None = None) -> Gate | None:
-    """The audit log's rotation gate for `keystore`, or None when there is no audit store (no gate)."""
-    from mrtr_keys.audit.gates import DEFAULT_WINDOW_SECONDS, rotation_gate
+def existing_store(keystore: Keystore) -> AuditStore | None:
+    """The audit store for `keystore`, or None when auditing is off or nothing was ever recorded."""
     from mrtr_keys.audit.stores.sqlite import path_from_url
     from mrtr_keys.audit.stores.url import open_store
 
@@ -93,7 +92,17 @@ def rotation_gate_for(keystore: Keystore, *, window: float | None = None) -> Gat
         return None
     if url.startswith("sqlite:") and not path_from_url(url).exists():
         return None  # nothing was ever recorded: behave as before the audit log existed
-    return rotation_gate(open_store(url), window=DEFAULT_WINDOW_SECONDS if window is None else window)
+    return open_store(url)
+
+
+def rotation_gate_for(keystore: Keystore, *, window: float | None = None) -> Gate | None:
+    """The audit log's rotation gate for `keystore`, or None when there is no audit store (no gate)."""
+    from mrtr_keys.audit.gates import DEFAULT_WINDOW_SECONDS, rotation_gate
+
+    store = existing_store(keystore)
+    if store is None:
+        return None
+    return rotation_gate(store, window=DEFAULT_WINDOW_SECONDS if window is None else window)
 
 
 def _query(
@@ -137,14 +146,20 @@ def _query(
     )
 
 
-def _print_events(events: list[dict[str, Any]], json_: bool, title: str | None = None) -> None:
+WideOpt = Annotated[bool, typer.Option("--wide", help="Every field (wider than 80 columns).")]
+
+
+def _print_events(events: list[dict[str, Any]], json_: bool, title: str | None = None, wide: bool = False) -> None:
     from mrtr_keys.audit.events import FIELDS
+    from mrtr_keys.cli.event_table import NARROW_HEADERS, narrow_row
     from mrtr_keys.cli.output import print_json, print_table
 
     if json_:
         print_json(events)
-        return
-    print_table(title, FIELDS, [[e[f] for f in FIELDS] for e in events])
+    elif wide:
+        print_table(title, FIELDS, [[e[f] for f in FIELDS] for e in events])
+    else:
+        print_table(title, NARROW_HEADERS, [narrow_row(e) for e in events], compact=True)
 
 
 @app.command("tail")
@@ -154,6 +169,7 @@ def tail(
     lines: Annotated[int, typer.Option("-n", "--lines", help="How many of the newest events to show.")] = 20,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new events (Ctrl-C stops).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between polls with -f.")] = 0.5,
+    wide: WideOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Show the newest events; with -f keep following (with --json: one JSON object a line)."""
@@ -164,30 +180,31 @@ def tail(
     events = [r.event.to_json() for r in recent]
     last = max((r.position for r in recent), default=0)
     if not follow:
-        _print_events(events, json_, "audit log (newest last)")
+        _print_events(events, json_, "audit log (newest last)", wide)
         return
     if last == 0:
         newest = store.query(Query(newest_first=True, limit=1))
         last = newest[0].position if newest else 0
     for ev in events:
-        _emit_follow(ev, json_)
+        _emit_follow(ev, json_, wide)
     try:
         while True:
             time.sleep(interval)
             for r in store.query(Query(after_position=last)):
                 last = max(last, r.position)
-                _emit_follow(r.event.to_json(), json_)
+                _emit_follow(r.event.to_json(), json_, wide)
     except KeyboardInterrupt:
         return
 
 
-def _emit_follow(ev: dict[str, Any], json_: bool) -> None:
+def _emit_follow(ev: dict[str, Any], json_: bool, wide: bool) -> None:
     from mrtr_keys.audit.events import FIELDS
+    from mrtr_keys.cli.event_table import narrow_row, wide_row
 
     if json_:
         sys.stdout.write(json.dumps(ev) + "\n")
     else:
-        sys.stdout.write("  ".join("-" if ev[f] is None else str(ev[f]) for f in FIELDS) + "\n")
+        sys.stdout.write("  ".join(wide_row(ev, FIELDS) if wide else narrow_row(ev)) + "\n")
     sys.stdout.flush()
 
 
@@ -213,6 +230,7 @@ def query(
         str | None, typer.Option("--token", help="Follow one token's life (matched by its fingerprint).")
     ] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="At most this many (the newest).")] = None,
+    wide: WideOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Events matching every filter given, oldest first."""
@@ -236,7 +254,7 @@ def query(
     records = _open(audit, keystore_).query(q)
     if q.newest_first:
         records.reverse()
-    _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)")
+    _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)", wide)
 
 
 @app.command("stats")

@@ -43,13 +43,18 @@ def add(
 ) -> None:
     """Register a client and print its bearer secret, once (only its hash is stored)."""
     from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.errors import ConfigError
     from mrtr_keys.keystores import open_keystore
     from mrtr_keys.service.clients import add_client
 
     store = open_keystore(keystore_)
-    if store.exists():  # a grant the ring can never serve is a mistake worth catching now
-        for a in audience:
-            store.load().check_audience(a)
+    if not store.exists():  # a registry beside no ring is one no sidecar reads (docs/sidecar.md)
+        raise ConfigError(
+            f"no key ring at {store.url}: a sidecar serves clients of the ring it loads, so add clients where "
+            "that ring is: pass --keystore (or set MRTR_KEYS_KEYSTORE), or create one first with: mrtr-keys init"
+        )
+    for a in audience:  # a grant the ring can never serve is a mistake worth catching now
+        store.load().check_audience(a)
     client, secret = add_client(_path(keystore_, clients), name, audiences=audience, ops=[ops])
     if json_:
         print_json({"client": client.describe(), "secret": secret})

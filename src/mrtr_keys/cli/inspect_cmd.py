@@ -1,4 +1,7 @@
-"""`mrtr-keys inspect TOKEN`: format, kid, kid state and sizes; `--decrypt` adds the envelope claims."""
+"""`mrtr-keys inspect TOKEN`: format, kid, kid state and sizes; `--decrypt` adds the envelope claims.
+
+``inspect -`` reads the token from standard input, so it stays out of the shell history.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
 
 
 def inspect(
-    token: Annotated[str, typer.Argument(help="The requestState token.")],
+    token: Annotated[str, typer.Argument(help="The requestState token, or - to read it from standard input.")],
     keystore_: KeystoreOpt = None,
     decrypt: Annotated[bool, typer.Option("--decrypt", help="Unseal and show the SDK envelope claims.")] = False,
     audience: Annotated[str | None, typer.Option("--audience", help="Audience to unseal for.")] = None,
@@ -21,8 +24,26 @@ def inspect(
     from mrtr_keys.cli.output import print_fields, print_json
     from mrtr_keys.inspection import inspect_token
 
+    if token == "-":  # noqa: S105 - the stdin marker, not a secret
+        token = _read_stdin()
     info = inspect_token(keystore(keystore_), token, decrypt=decrypt, audience=audience, show_state=show_state)
     if json_:
         print_json(info)
     else:
         print_fields("token", info)
+
+
+def _read_stdin() -> str:
+    """The token from standard input: surrounding whitespace dropped, one token only.
+
+    Raises:
+        ConfigError: nothing, or more than one word, on standard input.
+    """
+    import sys
+
+    from mrtr_keys.errors import ConfigError
+
+    words = sys.stdin.read(1 << 20).split()
+    if len(words) != 1:
+        raise ConfigError("inspect -: standard input must hold exactly one token")
+    return words[0]

@@ -1,27 +1,132 @@
-"""`mrtr-keys keys list`: kids, states and times (never material)."""
+"""`mrtr-keys keys list|show|destroy|ttl`: the ring's keys (never material), destroying a retired
+key's material, and changing the TTL without a rotation (`mrtr_keys.ring.lifecycle`)."""
 
 from __future__ import annotations
+
+from typing import Annotated, Any
 
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
 
-app = typer.Typer(help="Show the key ring's keys.", no_args_is_help=True)
+app = typer.Typer(help="Show the key ring's keys; destroy retired ones; change the TTL.", no_args_is_help=True)
+
+WideOpt = Annotated[bool, typer.Option("--wide", help="Every column, full ISO 8601 times (wider than 80 columns).")]
+KidArg = Annotated[str, typer.Argument(help="Key id (8 hex characters, see: mrtr-keys keys list).")]
+NARROW = ("kid", "state", "created_at", "promoted_at", "retired_at")
+WIDE = ("kid", "state", "created_at", "promoted_at", "demoted_at", "retired_at", "destroyed_at")
+
+
+def _state(row: dict[str, Any]) -> str:
+    return "destroyed" if row.get("destroyed_at") else str(row["state"])
 
 
 @app.command("list")
-def list_keys(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
-    """List keys: kid, state, created / promoted / demoted / retired (UTC)."""
-    from mrtr_keys.cli.output import print_json, print_table
+def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonOpt = False) -> None:
+    """List keys: kid, state, created / promoted / retired, UTC (--wide: every time, to the microsecond)."""
+    from mrtr_keys.cli.output import print_json, print_table, short_time
 
     ring = keystore(keystore_).load()
     rows = [k.describe() for k in ring.keys]
     if json_:
         print_json({"ring_id": ring.ring_id, "generation": ring.generation, "codec": ring.codec.type, "keys": rows})
         return
-    cols = ["kid", "state", "created_at", "promoted_at", "demoted_at", "retired_at"]
-    print_table(
-        f"key ring {ring.ring_id} (generation {ring.generation}, codec {ring.codec.type})",
-        cols,
-        [[r[c] for c in cols] for r in rows],
+    title = (
+        f"key ring {ring.ring_id}, generation {ring.generation}, codec {ring.codec.type}, TTL {ring.ttl_seconds:g} s"
     )
+    if wide:
+        print_table(title, WIDE, [[_state(r) if c == "state" else r.get(c) for c in WIDE] for r in rows])
+        return
+    headers = ["kid", "state", "created (UTC)", "promoted (UTC)", "retired (UTC)"]
+    table = [[r["kid"], _state(r), *(short_time(r[c]) for c in NARROW[2:])] for r in rows]
+    print_table(title, headers, table, compact=True)
+
+
+@app.command("show")
+def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """One key: state, times, whether its material is held, and the ring it belongs to."""
+    from mrtr_keys.cli.output import print_fields, print_json
+    from mrtr_keys.errors import ConfigError
+
+    ring = keystore(keystore_).load()
+    key = ring.lookup(kid)
+    if key is None:
+        raise ConfigError(f"no key {kid} in key ring {ring.ring_id} (see: mrtr-keys keys list)")
+    info: dict[str, Any] = key.describe()
+    info["state"] = _state(info)
+    info.setdefault("destroyed_at", None)
+    info["seals"] = key.state.value == "primary"
+    info["unseals"] = key.usable
+    info["material"] = "destroyed" if key.destroyed else ("held" if key.material or key.key_data else "none")
+    info.update(ring_id=ring.ring_id, generation=ring.generation, codec=ring.codec.type)
+    if json_:
+        print_json(info)
+    else:
+        print_fields(f"key {kid}", info)
+
+
+@app.command("destroy")
+def destroy(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """Remove a retired key's material for good (the record stays); refused for any other state."""
+    from mrtr_keys.ring.apply import apply_change
+    from mrtr_keys.ring.lifecycle import destroy as destroy_key
+
+    store = keystore(keystore_)
+    result = apply_change(store, "destroy", lambda ring, now: destroy_key(ring, kid, now))
+    _print_result(result, json_)
+
+
+@app.command("ttl")
+def ttl(
+    seconds: Annotated[
+        str | None, typer.Argument(help="New TTL: seconds or 90m, 12h, 1d; omit to show the current one.")
+    ] = None,
+    keystore_: KeystoreOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Show or change the ring's TTL without a rotation: raising is at once, lowering takes two runs."""
+    from mrtr_keys.cli.output import print_fields, print_json
+    from mrtr_keys.ring.apply import apply_change
+    from mrtr_keys.ring.lifecycle import parse_duration, set_ttl, ttl_info
+
+    store = keystore(keystore_)
+    if seconds is None:
+        info = ttl_info(store.load())
+        print_json(info) if json_ else print_fields("TTL", info)
+        return
+    value = parse_duration(seconds, "TTL")
+    last_old_seal = _last_old_seal(store)
+    result = apply_change(store, "ttl", lambda ring, now: set_ttl(ring, value, now, last_old_seal=last_old_seal))
+    _print_result(result, json_)
+
+
+def _last_old_seal(store: Any) -> Any:
+    """The audit log's last seal by an instance running before a pending lowering (None without one)."""
+    ring = store.load()
+    if ring.ttl_lowering is None:
+        return None
+    from mrtr_keys.cli.audit_cmd import existing_store
+
+    audit = existing_store(store)
+    if audit is None:
+        return None
+    from mrtr_keys.audit.ttl_evidence import last_seal_by_earlier_instances
+
+    return last_seal_by_earlier_instances(audit, ring.ttl_lowering.requested_at, ring.ttl_seconds)
+
+
+def _print_result(result: Any, json_: bool) -> None:
+    from mrtr_keys.cli.output import print_json, print_line
+
+    if json_:
+        print_json(
+            {
+                "step": result.op,
+                "changed": result.changed,
+                "generation": result.ring.generation,
+                "message": result.message,
+                **result.details,
+            }
+        )
+    else:
+        print_line(result.message)

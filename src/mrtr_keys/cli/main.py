@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -23,12 +24,13 @@ from mrtr_keys.cli import (
     scope_cmd,
     serve_cmd,
 )
+from mrtr_keys.cli.options import JsonOpt
 
 app = typer.Typer(
     name="mrtr-keys",
     help="Shared, rotated, audited keys for MCP requestState.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -40,10 +42,53 @@ app.command("inspect")(inspect_cmd.inspect)
 app.add_typer(audit_cmd.app, name="audit")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from mrtr_keys.cli.output import print_line
+
+        print_line(f"mrtr-keys {version()}")
+        raise typer.Exit(0)
+
+
+def version() -> str:
+    """The installed package's version (``0.1.0``)."""
+    from importlib.metadata import version as dist_version
+
+    return dist_version("mrtr-keys")
+
+
 @app.callback()
-def _root(audit: audit_cmd.AuditOpt = None) -> None:
+def _root(
+    audit: audit_cmd.AuditOpt = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option("--log-format", envvar="MRTR_KEYS_LOG_FORMAT", help="Log lines as text or json [default: text]."),
+    ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """Shared, rotated, audited keys for MCP requestState."""
+    from mrtr_keys.logs import configure_logging
+
+    configure_logging(log_format)
     audit_cmd.configure(audit)  # key ring changes are recorded in the audit store (docs/audit.md)
+
+
+@app.command("version")
+def version_cmd(json_: JsonOpt = False) -> None:
+    """Print the versions of mrtr-keys, the MCP SDK and Python."""
+    import platform
+    from importlib.metadata import version as dist_version
+
+    from mrtr_keys.cli.output import print_json, print_line
+
+    info = {"mrtr_keys": version(), "mcp": dist_version("mcp"), "python": platform.python_version()}
+    if json_:
+        print_json(info)
+    else:
+        print_line(f"mrtr-keys {info['mrtr_keys']} (mcp {info['mcp']}, Python {info['python']})")
 
 
 app.command("rewrap")(rewrap_cmd.rewrap)

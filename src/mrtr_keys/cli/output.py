@@ -18,12 +18,24 @@ def print_line(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on stdout (plain text when stdout is not a terminal)."""
+def print_table(
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, compact: bool = False
+) -> None:
+    """A rich table on stdout (plain text when stdout is not a terminal).
+
+    `compact`: no vertical rules and one space of padding, for tables whose columns were chosen to
+    fit an 80-column terminal (the ``--wide`` variants print every column with rules).
+    """
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
+    if compact:
+        table = Table(
+            title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), title_justify="left"
+        )
+    else:
+        table = Table(title=title, show_lines=False)
     for col in columns:
         table.add_column(col)
     for row in rows:
@@ -33,6 +45,13 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         console = Console(soft_wrap=True, width=max(console.width, 400))
         table.expand = False
     console.print(table)
+
+
+def short_time(value: str | None) -> str:
+    """``2026-12-01T15:01:36.123456Z`` -> ``2026-12-01 15:01`` (UTC, to the minute) for narrow tables."""
+    if not value:
+        return "-"
+    return value[:16].replace("T", " ")
 
 
 def print_fields(title: str | None, fields: dict[str, Any]) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+
+if TYPE_CHECKING:
+    from mrtr_keys.ring.apply import ChangeResult
 
 app = typer.Typer(help="Three-phase zero-downtime key rotation.", no_args_is_help=True)
 
@@ -53,14 +56,27 @@ def _step(
     force: bool = False,
     ttl: float | None = None,
     window: float | None = None,
+    if_older_than: str | None = None,
 ) -> None:
     from mrtr_keys.cli.audit_cmd import rotation_gate_for
-    from mrtr_keys.cli.output import print_json, print_line
     from mrtr_keys.ring.rotation import run_step
 
     store = keystore(keystore_)
+    if if_older_than is not None:
+        from mrtr_keys.ring.lifecycle import parse_duration, younger_than
+        from mrtr_keys.ring.model import utcnow
+
+        skip = younger_than(store.load(), utcnow(), parse_duration(if_older_than, "--if-older-than"))
+        if skip is not None:
+            _print(skip, json_)
+            return
     gate = rotation_gate_for(store, window=window)  # the audit log's gates (docs/audit.md); None without a log
-    result = run_step(store, step, force=force, ttl=ttl, gate=gate)
+    _print(run_step(store, step, force=force, ttl=ttl, gate=gate), json_)
+
+
+def _print(result: ChangeResult, json_: bool) -> None:
+    from mrtr_keys.cli.output import print_json, print_line
+
     if json_:
         print_json(
             {
@@ -102,7 +118,24 @@ def next_(
     force: ForceOpt = False,
     ttl: TtlOpt = None,
     window: WindowOpt = None,
+    if_older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--if-older-than",
+            help="Scheduled rotation: start one only if the primary has sealed this long (30d, 12h, 90m); "
+            "while it is younger, do nothing and exit 0.",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run the next phase if allowed now; else exit 75 saying what it waits for."""
-    _step("next", keystore_, json_, force=force, ttl=ttl, window=window)
+    _step("next", keystore_, json_, force=force, ttl=ttl, window=window, if_older_than=if_older_than)
+
+
+@app.command("abort")
+def abort(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
+    """Undo a begin before promote (the new key is removed); refused once promoted."""
+    from mrtr_keys.ring.apply import apply_change
+    from mrtr_keys.ring.lifecycle import abort as abort_rotation
+
+    _print(apply_change(keystore(keystore_), "abort", abort_rotation), json_)

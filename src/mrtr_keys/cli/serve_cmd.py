@@ -26,9 +26,16 @@ def serve(
         str | None,
         typer.Option("--clients", envvar="MRTR_KEYS_CLIENTS", help="Client registry file [default: beside the ring]."),
     ] = None,
+    log_format: Annotated[
+        str | None, typer.Option("--log-format", help="Log lines as text or json [default: text].")
+    ] = None,
 ) -> None:
     """Serve seal/unseal over HTTP for many MCP servers; picks up rotations and new clients without a restart."""
+    from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.config import load_config
+
+    if log_format is not None:
+        configure_logging(log_format, force=True)
     from mrtr_keys.service.server import serve as run_server
 
     settings = load_config(config).with_overrides(

@@ -18,7 +18,9 @@ Document (JSON, ``format`` = ``mrtr-keys.keyring``, ``version`` = 1)::
                "retired_at": null, "material": "<base64 of 32 bytes>"}]}
 
 Key states (the three rotation phases of the MCP SDK docs): ``verify`` (unseals
-only), ``primary`` (seals and unseals; exactly one), ``retired`` (neither).
+only), ``primary`` (seals and unseals; exactly one), ``retired`` (neither). A destroyed key
+(`mrtr_keys.ring.lifecycle`) stays ``retired``, with ``destroyed_at`` and no material; a TTL
+lowering not yet in force waits in ``ttl_lowering`` (``{"ttl_seconds", "requested_at"}``).
 ``material`` is present for the local codec; codecs whose keys live elsewhere
 (KMS, Vault) keep their per-key fields in ``key_data`` instead (wrapped key,
 KMS key id, encryption context, transit key version).
@@ -125,6 +127,7 @@ class Key:
     demoted_at: datetime | None = None
     retired_at: datetime | None = None
     material: bytes | None = field(default=None, repr=False)
+    destroyed_at: datetime | None = None
     key_data: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -132,9 +135,15 @@ class Key:
         """True if tokens under this key may be unsealed (state verify or primary)."""
         return self.state is not KeyState.RETIRED
 
+    @property
+    def destroyed(self) -> bool:
+        """True once the key's material was destroyed (the key is then retired for good)."""
+        return self.destroyed_at is not None
+
     def describe(self) -> dict[str, Any]:
-        """Public fields only (no material, no wrapped key): kid, state and times."""
-        return {
+        """Public fields only (no material, no wrapped key): kid, state and times
+        (``destroyed_at`` only for a destroyed key, so older readers see the same document)."""
+        out = {
             "kid": self.kid,
             "state": self.state.value,
             "created_at": format_time(self.created_at),
@@ -142,6 +151,9 @@ class Key:
             "demoted_at": format_time(self.demoted_at),
             "retired_at": format_time(self.retired_at),
         }
+        if self.destroyed_at is not None:
+            out["destroyed_at"] = format_time(self.destroyed_at)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +168,17 @@ class CodecSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TtlLowering:
+    """A requested lower TTL (seconds) that is not in force yet, and when it was requested."""
+
+    ttl_seconds: float
+    requested_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ttl_seconds": self.ttl_seconds, "requested_at": format_time(self.requested_at)}
+
+
+@dataclass(frozen=True, slots=True)
 class KeyRing:
     """An immutable key ring; every constructor path validates its invariants."""
 
@@ -166,9 +189,17 @@ class KeyRing:
     ttl_seconds: float = DEFAULT_TTL_SECONDS
     codec: CodecSpec = field(default_factory=CodecSpec)
     created_at: datetime = field(default_factory=utcnow)
+    ttl_lowering: TtlLowering | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def server_ttl_limit(self) -> float:
+        """The longest ``ttl`` an MCP server may start with: the TTL, or a pending lower one."""
+        if self.ttl_lowering is not None:
+            return min(self.ttl_seconds, self.ttl_lowering.ttl_seconds)
+        return self.ttl_seconds
 
     @property
     def primary(self) -> Key:
@@ -224,6 +255,7 @@ class KeyRing:
             "audiences": list(self.audiences),
             "codec": self.codec.to_json(),
             "created_at": format_time(self.created_at),
+            **({"ttl_lowering": self.ttl_lowering.to_json()} if self.ttl_lowering is not None else {}),
             "keys": keys,
         }
 
@@ -239,6 +271,7 @@ class KeyRing:
             "ttl_seconds": self.ttl_seconds,
             "audiences": list(self.audiences),
             "codec": self.codec.type,
+            **({"ttl_lowering": self.ttl_lowering.to_json()} if self.ttl_lowering is not None else {}),
             "keys": [k.describe() for k in self.keys],
         }
 
@@ -288,6 +321,7 @@ class KeyRing:
             raise KeyRingError("ttl_seconds must be a number")
         created = parse_time(doc.get("created_at"), "created_at") or utcnow()
         return cls(
+            ttl_lowering=_lowering_from_json(doc.get("ttl_lowering")),
             ring_id=ring_id,
             generation=generation,
             keys=keys,
@@ -296,6 +330,20 @@ class KeyRing:
             codec=codec,
             created_at=created,
         )
+
+
+def _lowering_from_json(value: object) -> TtlLowering | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise KeyRingError("ttl_lowering must be an object")
+    ttl = value.get("ttl_seconds")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        raise KeyRingError("ttl_lowering.ttl_seconds must be a number")
+    at = parse_time(value.get("requested_at"), "ttl_lowering.requested_at")
+    if at is None:
+        raise KeyRingError("ttl_lowering.requested_at is required")
+    return TtlLowering(float(ttl), at)
 
 
 def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
@@ -315,7 +363,8 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
     key_data = entry.get("key_data", {})
     if not isinstance(key_data, dict):
         raise KeyRingError(f"key {kid}: key_data must be an object")
-    if codec_type == "local" and material is None:
+    destroyed = parse_time(entry.get("destroyed_at"), f"key {kid} destroyed_at")
+    if codec_type == "local" and material is None and destroyed is None:
         raise KeyRingError(f"key {kid}: missing material (base64 of {KEY_BYTES} bytes)")
     created = parse_time(entry.get("created_at"), f"key {kid} created_at")
     if created is None:
@@ -329,6 +378,7 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
         retired_at=parse_time(entry.get("retired_at"), f"key {kid} retired_at"),
         material=material,
         key_data=key_data,
+        destroyed_at=destroyed,
     )
 
 
@@ -365,6 +415,8 @@ def _validate(ring: KeyRing) -> None:
         seen.add(k.kid)
         if k.material is not None and len(k.material) != KEY_BYTES:
             raise KeyRingError(f"key {k.kid}: material must be {KEY_BYTES} bytes")
+        if k.destroyed_at is not None and (k.state is not KeyState.RETIRED or k.material is not None or k.key_data):
+            raise KeyRingError(f"key {k.kid}: a destroyed key is retired and has no material or key_data")
     primaries = [k.kid for k in ring.keys if k.state is KeyState.PRIMARY]
     if not primaries:
         raise KeyRingError("key ring has no primary key (exactly one is required)")
@@ -372,6 +424,9 @@ def _validate(ring: KeyRing) -> None:
         raise KeyRingError(
             f"key ring has {len(primaries)} primary keys ({', '.join(primaries)}); exactly one is allowed"
         )
+    low = ring.ttl_lowering
+    if low is not None and not (math.isfinite(low.ttl_seconds) and 0 < low.ttl_seconds < ring.ttl_seconds):
+        raise KeyRingError("ttl_lowering.ttl_seconds must be above 0 and below ttl_seconds")
     if len(set(ring.audiences)) != len(ring.audiences):
         raise KeyRingError("audiences contain a duplicate")
     for a in ring.audiences:

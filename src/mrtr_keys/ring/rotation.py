@@ -117,6 +117,7 @@ def begin(ring: KeyRing, now: datetime, backend: Backend, *, ttl: float | None =
     changes: dict[str, Any] = {}
     if ttl is not None:
         changes["ttl_seconds"] = check_ttl(ttl)
+        changes["ttl_lowering"] = None  # an explicit TTL at begin replaces a pending lowering
     kid = new_kid(k.kid for k in ring.keys)
     key = backend.new_key(ring_id=ring.ring_id, kid=kid, state=KeyState.VERIFY, audiences=ring.audiences, now=now)
     after = ring.next_generation(keys=(*ring.keys, key), **changes)

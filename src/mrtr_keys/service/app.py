@@ -257,6 +257,9 @@ def app_from_env() -> SidecarApp:
     import json
     import os
 
+    from mrtr_keys.logs import configure_logging
+
+    configure_logging(level=logging.INFO)  # the format the parent chose (MRTR_KEYS_LOG_FORMAT)
     raw = os.environ.get(ENV_CONFIG)
     config = ServiceConfig.from_json(json.loads(raw)) if raw else ServiceConfig()
     app = create_app(config)

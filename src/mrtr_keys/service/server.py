@@ -69,6 +69,7 @@ def _uvicorn_options(config: ServiceConfig) -> dict[str, Any]:
         "server_header": False,
         "proxy_headers": False,  # no X-Forwarded-For rewriting: one less ASGI layer per request
         "log_level": "warning",
+        "log_config": None,  # uvicorn's loggers propagate to ours: one format (text or json) for every line
         "timeout_keep_alive": 30,
         "backlog": 2048,
     }
@@ -109,6 +110,18 @@ def _server_class() -> type[Any]:
     return Server
 
 
+def warn_if_no_clients(registry: Any, path: Path, config: ServiceConfig) -> None:
+    """Log a WARNING when the client registry is empty: every call would get 401 until a client is added."""
+    if len(registry) == 0:
+        where = f" --keystore {config.keystore}" if config.keystore else ""
+        log.warning(
+            "no sidecar clients in %s: every seal and unseal gets 401 until one is added (picked up without a "
+            "restart): mrtr-keys clients add NAME --audience AUDIENCE%s",
+            path,
+            where,
+        )
+
+
 def serve(config: ServiceConfig) -> None:
     """Run the sidecar until SIGINT/SIGTERM (blocking). One worker runs in this process.
 
@@ -121,12 +134,15 @@ def serve(config: ServiceConfig) -> None:
 
     _Server = _server_class()
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from mrtr_keys.logs import configure_logging
+
+    configure_logging(level=logging.INFO)  # --log-format / MRTR_KEYS_LOG_FORMAT, chosen by the CLI
     sock = bind_unix_socket(config.uds) if config.uds else None
     where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}"
     try:
         if config.workers == 1:
             app = create_app(config)
+            warn_if_no_clients(app.core.auth.registry, app.core.auth.path, config)
             log.info(
                 "sidecar serving key ring generation %d on %s (reload every %g s)",
                 app.core.ring.ring.generation,
@@ -137,7 +153,8 @@ def serve(config: ServiceConfig) -> None:
             tune_gc()
             _Server(uv, unlink=config.uds).run(sockets=[sock] if sock else None)
         else:
-            create_app(config)  # fail fast here, not in N workers
+            first = create_app(config)  # fail fast here, not in N workers
+            warn_if_no_clients(first.core.auth.registry, first.core.auth.path, config)
             os.environ[ENV_CONFIG] = json.dumps(config.to_json())
             log.info("sidecar starting %d workers on %s", config.workers, where)
             opts: dict[str, Any] = {"fd": sock.fileno()} if sock else {"host": config.host, "port": config.port}
