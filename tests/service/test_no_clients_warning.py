@@ -6,6 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 
 def test_serve_with_zero_clients_logs_a_warning_naming_the_fix(keystore_path: Path, sidecar_factory: Any) -> None:
     sidecar = sidecar_factory(keystore_path)

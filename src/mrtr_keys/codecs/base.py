@@ -24,6 +24,7 @@ import threading
 from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
+from mrtr_keys import tracing
 from mrtr_keys.codecs.aesgcm import AESGCMTokenCore
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
@@ -98,7 +99,7 @@ class KeyRingCodec:
         observer: CodecObserver | None = None,
     ) -> None:
         store = as_keystore(keystore)
-        self._start(store, store.load(), audience=audience, observer=observer)
+        self._start(store, tracing.load_ring(store), audience=audience, observer=observer)
 
     @classmethod
     def from_ring(cls, ring: KeyRing, *, audience: str, observer: CodecObserver | None = None) -> KeyRingCodec:
@@ -164,21 +165,27 @@ class KeyRingCodec:
         """
         if self._keystore is None:
             return False
-        with self._lock:  # one reload at a time, so an older ring can never be installed last
-            ring = self._keystore.load()
+        with (
+            tracing.span("mrtr_keys.reload", codec=self.codec_type, generation=self._ring.generation) as sp,
+            self._lock,  # one reload at a time, so an older ring can never be installed last
+        ):
+            ring = tracing.load_ring(self._keystore)
             loaded = self._ring
             if ring.generation == loaded.generation and ring == loaded:
                 self.reload_refused = None
+                tracing.set_attributes(sp, outcome="unchanged")
                 return False
             refusal = reload_refusal(loaded, ring)
             if refusal is not None:
                 if refusal != self.reload_refused:
                     log.warning("key ring not reloaded: %s", refusal)
                 self.reload_refused = refusal
+                tracing.set_attributes(sp, outcome="refused", reason="older or other ring")
                 return False
             self._install(ring, self._build(ring))
             self.reload_refused = None
             self._ring_loaded(ring)
+            tracing.set_attributes(sp, outcome="switched", to_generation=ring.generation)
         return True
 
     def _install(self, ring: KeyRing, core: TokenCore) -> None:
@@ -186,8 +193,11 @@ class KeyRingCodec:
         instance, saving a call frame per token; each core is a complete codec for the ring it was
         built from, so a caller racing a reload gets the old ring or the new one, never a mix."""
         self._ring, self._core = ring, core
-        self.seal = core.seal  # type: ignore[method-assign]
-        self.unseal = core.unseal  # type: ignore[method-assign]
+        seal, unseal = tracing.traced_codec(
+            self.codec_type or "ring", self._audience, ring.primary.kid, core.seal, core.unseal
+        )
+        self.seal = seal  # type: ignore[method-assign, assignment]
+        self.unseal = unseal  # type: ignore[method-assign, assignment]
 
     def _ring_loaded(self, ring: KeyRing) -> None:
         """Tell an audit observer (if it has `ring_loaded`) this instance now uses `ring`'s generation;

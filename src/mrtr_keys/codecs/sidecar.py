@@ -84,6 +84,9 @@ class SidecarCodec:
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             headers=self._headers,
         )
+        from mrtr_keys.tracing import traced_codec
+
+        self.seal, self.unseal = traced_codec("sidecar", audience, None, self.seal, self.unseal)  # type: ignore[method-assign, assignment]
 
     def __repr__(self) -> str:
         return f"SidecarCodec({self._url!r}, audience={self._audience!r})"

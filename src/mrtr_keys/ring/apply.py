@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from mrtr_keys import tracing
 from mrtr_keys.backends import backend_for
+from mrtr_keys.errors import MrtrKeysError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import KeyRing, utcnow
 
@@ -53,15 +55,30 @@ def apply_change(keystore: Keystore, op: str, transform: Transform, *, now: date
         BackendUnavailable: the backend could not react (nothing written).
     """
     now = now or utcnow()
-    with keystore.locked():
-        before = keystore.load()
-        result = transform(before, now)
-        if not result.changed:
-            return result
-        after = backend_for(before.codec).apply(result.op, before, result.ring)
-        keystore.save(after, expected_generation=before.generation)
+    with tracing.span("mrtr_keys.ring.change", op=op, keystore=keystore.url) as sp:
+        try:
+            with keystore.locked():
+                before = tracing.load_ring(keystore)
+                result = transform(before, now)
+                if not result.changed:
+                    tracing.set_attributes(sp, op=result.op, outcome="unchanged", generation=before.generation)
+                    return result
+                after = backend_for(before.codec).apply(result.op, before, result.ring)
+                keystore.save(after, expected_generation=before.generation)
+        except MrtrKeysError as exc:
+            tracing.set_attributes(sp, outcome="refused", reason=type(exc).__name__)
+            raise
         saved = ChangeResult(
             op=result.op, changed=True, ring=after, message=result.message, forced=result.forced, details=result.details
+        )
+        kid = result.details.get("new") or result.details.get("kid") or result.details.get("removed")
+        tracing.set_attributes(
+            sp,
+            op=result.op,
+            outcome="changed",
+            generation=after.generation,
+            kid=str(kid) if kid else None,
+            reason="forced" if result.forced else None,
         )
     for listener in list(_listeners):
         listener(saved, before, keystore)

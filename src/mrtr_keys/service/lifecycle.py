@@ -58,6 +58,7 @@ class RingLifecycle:
         self.metrics.generation.set(ring.ring.generation)
         if audit is not None:
             self.metrics.watch_audit(getattr(audit, "sink", audit))
+        self.metrics.watch_ring(ring)
         self._wake: asyncio.Event | None = None
 
     # ---------------------------------------------------------------- codecs
@@ -132,6 +133,7 @@ class RingLifecycle:
             self._ring_loaded()
             self.metrics.reloads.labels("switched").inc()
             self.metrics.generation.set(self.ring.ring.generation)
+            self.metrics.loaded_at.set_to_current_time()
         elif self.ring.error and self.ring.error != had_error:
             self.metrics.reloads.labels("failed").inc()
         self.metrics.stale.set(1 if self.ring.error else 0)

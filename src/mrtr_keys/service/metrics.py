@@ -7,6 +7,11 @@
 * ``mrtr_sidecar_ring_generation``: the loaded key ring's generation.
 * ``mrtr_sidecar_ring_stale``: 1 while the stored ring cannot be loaded and the last good one is serving.
 * ``mrtr_sidecar_reloads_total{result}``: keystore / registry reload attempts (``switched``, ``failed``).
+* ``mrtr_sidecar_rejections_total{reason}``: tokens the codec refused, by its reason code (``unknown kid``,
+  ``retired kid``, ``seal`` (tag mismatch), ``malformed``, ``too long``, ``version``, ``vault refused``).
+* ``mrtr_sidecar_ring_phase``: rotation phase of the loaded ring (0 idle, 1 begun, 2 promoted);
+  ``mrtr_sidecar_ring_loaded_timestamp_seconds``: when this process switched to that generation;
+  ``mrtr_sidecar_build_info{version}``: 1.
 * ``mrtr_sidecar_audit_queued``, ``mrtr_sidecar_audit_dropped_total``: audit events waiting for the
   writer and events dropped because its queue was full (read at scrape time; absent with audit off).
   A growing ``queued`` means the writer is behind: the queue is bounded in events (see docs/audit.md),
@@ -22,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -58,9 +63,17 @@ class SidecarMetrics:
             "1 while the stored key ring cannot be loaded and the last good one is in use.",
             registry=self.registry,
         )
+        self.loaded_at = Gauge(
+            "mrtr_sidecar_ring_loaded_timestamp_seconds",
+            "When this process started serving the loaded generation (Unix time, seconds).",
+            registry=self.registry,
+        )
+        self.loaded_at.set_to_current_time()
         self.reloads = Counter(
             "mrtr_sidecar_reloads", "Key ring and client registry reloads.", ("result",), registry=self.registry
         )
+        for result in ("switched", "failed"):  # exported as 0 from the start, so rate() and alerts see them
+            self.reloads.labels(result)
         self._count_children: dict[tuple[str, str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
 
@@ -82,6 +95,10 @@ class SidecarMetrics:
         """Export `sink`'s ``queued`` and ``dropped`` (read at scrape time, nothing on the hot path)."""
         self.registry.register(_AuditCollector(sink))
 
+    def watch_ring(self, ring: Any) -> None:
+        """Export the phase, the load time and the codec rejections of `ring` (a `RingState`), at scrape time."""
+        self.registry.register(_RingCollector(ring))
+
     def render(self) -> bytes:
         """The text exposition format (``text/plain; version=0.0.4``)."""
         return generate_latest(self.registry)
@@ -100,3 +117,39 @@ class _AuditCollector(Collector):
             yield CounterMetricFamily(
                 "mrtr_sidecar_audit_dropped", "Audit events dropped (queue full or writer gone).", value=dropped
             )
+
+
+class _RingCollector(Collector):
+    """Reads the sidecar's `RingState` at scrape time (nothing on the hot path)."""
+
+    _PHASES = {"idle": 0, "begun": 1, "promoted": 2}
+
+    def __init__(self, ring: Any) -> None:
+        from mrtr_keys import __version__
+
+        self._state = ring
+        self._version = __version__
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
+        from mrtr_keys.errors import MrtrKeysError
+        from mrtr_keys.ring.rotation import status
+
+        ring = self._state.ring
+        try:
+            phase = float(self._PHASES[status(ring, ring.created_at).phase.value])
+        except MrtrKeysError:
+            phase = -1.0
+        yield GaugeMetricFamily(
+            "mrtr_sidecar_ring_phase",
+            "Rotation phase of the loaded key ring: 0 idle, 1 begun, 2 promoted.",
+            value=phase,
+        )
+        yield InfoMetricFamily(
+            "mrtr_sidecar_build", "mrtr-keys version of this sidecar.", value={"version": self._version}
+        )
+        rejections = CounterMetricFamily(
+            "mrtr_sidecar_rejections", "Tokens the codec refused, by reason code.", labels=["reason"]
+        )
+        for reason, n in sorted(dict(self._state.tap.rejections).items()):
+            rejections.add_metric([reason], float(n))
+        yield rejections

@@ -72,6 +72,9 @@ class KidTap:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._count_lock = threading.Lock()
+        self.rejections: dict[str, int] = {}
+        """Codec rejections by reason code (``unknown kid``, ``retired kid``, ``seal``, ...), for /metrics."""
 
     def sealed(self, kid: str, token: str) -> None:
         self._local.kid = kid
@@ -81,6 +84,9 @@ class KidTap:
 
     def rejected(self, kid: str | None, token: str, reason: str) -> None:
         self._local.kid = kid
+        key = reason[:32]  # the codecs' fixed reason codes; capped so a label value stays bounded
+        with self._count_lock:
+            self.rejections[key] = self.rejections.get(key, 0) + 1
 
     def clear(self) -> None:
         self._local.kid = None
