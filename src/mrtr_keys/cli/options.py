@@ -12,7 +12,17 @@ KeystoreOpt = Annotated[
         "--keystore",
         "-k",
         envvar="MRTR_KEYS_KEYSTORE",
-        help="Key ring path or file:// URL [default: .mrtr/keyring.json].",
+        help="Key ring: a path, file:///PATH, vault-kv://MOUNT/PATH or aws-sm://NAME [default: .mrtr/keyring.json].",
+        show_default=False,
+    ),
+]
+StateDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--state-dir",
+        envvar="MRTR_KEYS_STATE_DIR",
+        help="Directory for the audit key, default audit log, client registry and lock files "
+        "[default: beside a writable ring file, else a per-user directory].",
         show_default=False,
     ),
 ]

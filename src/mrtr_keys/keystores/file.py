@@ -14,13 +14,9 @@ ssh refuses a private key with such a mode.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import stat
 import tempfile
-import threading
-import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -29,40 +25,49 @@ from mrtr_keys.errors import (
     ConflictError,
     KeyRingExists,
     KeyRingNotFound,
-    KeystoreBusy,
     KeystoreError,
 )
+from mrtr_keys.keystores.locks import LocalLock, lock_timeout_from_env
+from mrtr_keys.keystores.private import read_private_file
+from mrtr_keys.keystores.state import configured_state_dir, ensure_dir, user_state_dir, writable_dir
 from mrtr_keys.ring.model import KeyRing
 
 MAX_RING_BYTES = 4 * 1024 * 1024
-DEFAULT_LOCK_TIMEOUT = 30.0
-"""Seconds a writer waits for another run's lock before giving up (exit 75)."""
+
+
+def path_from_url(url: str) -> Path:
+    """The local path a ``file:///PATH`` URL names.
+
+    Raises:
+        ConfigError: a host other than localhost, or no path.
+    """
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise ConfigError("a file:// keystore URL names a local path (file:///PATH)")
+    if not parsed.path:
+        raise ConfigError("a file:// keystore URL needs a path (file:///PATH)")
+    return Path(unquote(parsed.path))
 
 
 class FileKeystore:
     """A key ring stored in one local file."""
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lock_timeout: float | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.path = Path(path).expanduser().absolute()
-        if lock_timeout is None:
-            try:
-                lock_timeout = float(os.environ.get("MRTR_KEYS_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT))
-            except ValueError:
-                raise ConfigError("MRTR_KEYS_LOCK_TIMEOUT must be a number of seconds") from None
-        if not 0 <= lock_timeout <= 3600:
-            raise ConfigError("the key ring lock timeout must be between 0 and 3600 seconds")
-        self.lock_timeout = lock_timeout
-        self._local = threading.local()  # which threads hold `locked()` (re-entrancy is per thread)
+        self.state_dir = state_dir
+        self.lock_timeout = lock_timeout_from_env(lock_timeout)
+        self._lock = LocalLock(self._lock_path, subject=f"key ring {self.path}", timeout=self.lock_timeout)
 
     @classmethod
-    def from_url(cls, url: str) -> FileKeystore:
+    def from_url(cls, url: str, *, state_dir: str | os.PathLike[str] | None = None) -> FileKeystore:
         """Open ``file:///absolute/path`` (or ``file:relative``)."""
-        parsed = urlparse(url)
-        if parsed.netloc not in ("", "localhost"):
-            raise ConfigError("a file:// keystore URL names a local path (file:///PATH)")
-        if not parsed.path:
-            raise ConfigError("a file:// keystore URL needs a path (file:///PATH)")
-        return cls(unquote(parsed.path))
+        return cls(path_from_url(url), state_dir=state_dir)
 
     def __repr__(self) -> str:
         return f"FileKeystore({str(self.path)!r})"
@@ -73,7 +78,14 @@ class FileKeystore:
 
     @property
     def directory(self) -> Path:
-        return self.path.parent
+        """The state directory (`mrtr_keys.keystores.state`): beside the ring unless configured or unwritable."""
+        configured = configured_state_dir(self.state_dir)
+        if configured is not None:
+            return ensure_dir(configured)
+        parent = self.path.parent
+        if not parent.exists() or writable_dir(parent):
+            return parent
+        return ensure_dir(user_state_dir(self.url))
 
     @property
     def _lock_path(self) -> Path:
@@ -83,29 +95,8 @@ class FileKeystore:
         return self.path.exists()
 
     def load(self) -> KeyRing:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            raise KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)") from None
-        except OSError as exc:
-            raise KeystoreError(f"cannot open key ring {self.path}: {exc.strerror}") from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise KeystoreError(f"key ring {self.path} is not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeystoreError(
-                    f"key ring {self.path} is accessible by group or others "
-                    f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with: chmod 600 {self.path}"
-                )
-            try:
-                data = f.read(MAX_RING_BYTES + 1)
-            except OSError as exc:
-                raise KeystoreError(f"cannot read key ring {self.path}: {exc.strerror}") from None
-        if len(data) > MAX_RING_BYTES:
-            raise KeystoreError(f"key ring {self.path} is larger than {MAX_RING_BYTES} bytes")
-        return KeyRing.loads(data)
+        missing = KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)")
+        return KeyRing.loads(read_private_file(self.path, "key ring", max_bytes=MAX_RING_BYTES, missing=missing))
 
     def create(self, ring: KeyRing) -> None:
         with self.locked():
@@ -126,50 +117,11 @@ class FileKeystore:
                 raise ConflictError("a saved key ring must have a higher generation than the stored one")
             self._write(ring)
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold an exclusive advisory lock on ``<ring>.lock`` (re-entrant within one thread).
-
-        Each call opens its own descriptor, and `flock` locks belong to the open file
-        description, so two threads of one process exclude each other as two processes do.
-        """
-        if getattr(self._local, "held", False):
-            yield
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise KeystoreError(f"cannot lock key ring {self.path}: {exc.strerror}") from None
-        try:
-            self._acquire(fd)
-            self._local.held = True
-            try:
-                yield
-            finally:
-                self._local.held = False
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-    def _acquire(self, fd: int) -> None:
-        """`flock` with a deadline: poll a non-blocking lock for `lock_timeout` seconds
-        (``MRTR_KEYS_LOCK_TIMEOUT``, default 30), so a stuck writer never hangs a deploy step."""
-        timeout = self.lock_timeout
-        deadline = time.monotonic() + timeout
-        delay = 0.005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise KeystoreBusy(
-                        f"key ring {self.path} is locked by another run (waited {timeout:g} s); "
-                        "nothing was changed, retry later"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
+    def locked(self) -> AbstractContextManager[None]:
+        """Hold an exclusive advisory lock on ``<ring>.lock`` beside the ring (re-entrant within one
+        thread; `mrtr_keys.keystores.locks`). It stays beside the ring whatever the state directory,
+        because the compare-and-swap in `save` relies on every writer of this file taking it."""
+        return self._lock.held()
 
     def _write(self, ring: KeyRing) -> None:
         data = ring.dumps()

@@ -2,8 +2,8 @@
 
 A client is a name, the audiences it was granted, the operations it may run
 (``seal``, ``unseal``) and a hash of its bearer secret. The registry lives in
-one JSON file beside the key ring (``clients.json`` in the keystore's
-directory) unless configured elsewhere, written atomically with mode 0600.
+one JSON file in the ring's state directory (``clients.json``; see
+`mrtr_keys.keystores.state`) unless configured elsewhere, written atomically with mode 0600.
 
 Document (``format`` = ``mrtr-keys.clients``, ``version`` = 1)::
 
@@ -33,7 +33,6 @@ import json
 import os
 import re
 import secrets
-import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -247,24 +246,15 @@ def load_registry(path: Path) -> ClientRegistry:
     """Read the registry at `path`; a missing file is an empty registry.
 
     Raises:
-        ConfigError: the document is invalid. KeystoreError: unreadable, or accessible by group/others.
+        ConfigError: the document is invalid. KeystoreError: unreadable, or accessible by group/others
+            (group read is accepted on a read-only mount: `mrtr_keys.keystores.private`).
     """
+    from mrtr_keys.keystores.private import read_private_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        data = read_private_file(path, "client registry", max_bytes=MAX_REGISTRY_BYTES, missing=FileNotFoundError())
     except FileNotFoundError:
         return ClientRegistry()
-    except OSError as exc:
-        raise KeystoreError(f"cannot open client registry {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeystoreError(
-                f"client registry {path} is accessible by group or others "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}); fix with: chmod 600 {path}"
-            )
-        data = f.read(MAX_REGISTRY_BYTES + 1)
-    if len(data) > MAX_REGISTRY_BYTES:
-        raise ConfigError(f"client registry {path} is larger than {MAX_REGISTRY_BYTES} bytes")
     return ClientRegistry.loads(data)
 
 
