@@ -48,6 +48,15 @@ class KeystoreBusy(KeystoreError):
     exit_code = 75
 
 
+class KeystoreUnavailable(KeystoreError):
+    """A remote keystore (Vault, Secrets Manager) could not be reached or answered 5xx (exit 75: retry later).
+
+    Nothing was written; a running codec keeps serving the ring it loaded last.
+    """
+
+    exit_code = 75
+
+
 class ConflictError(KeystoreError):
     """Compare-and-swap lost: the key ring's generation changed since it was read."""
 

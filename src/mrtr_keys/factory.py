@@ -47,13 +47,13 @@ def request_state_security(
     """A `RequestStateSecurity(codec=..., audience=..., ttl=...)` for the MCP SDK (`mcp>=2.3`).
 
     Args:
-        keystore: path or ``file://`` URL of the key ring (default: ``MRTR_KEYS_KEYSTORE``,
-            else ``.mrtr/keyring.json``).
+        keystore: the key ring: a path, ``file:///PATH``, ``vault-kv://MOUNT/PATH`` or ``aws-sm://NAME``
+            (docs/keystores.md; default: ``MRTR_KEYS_KEYSTORE``, else ``.mrtr/keyring.json``).
         audience: the audience claim and key scope (usually the MCP server's name).
         ttl: seconds a sealed round stays valid; must not exceed the ring's TTL, which the
             rotation gate (retire after promote + TTL + 60 s) relies on.
         audit: where seals and unseals are recorded (docs/audit.md): None for ``MRTR_KEYS_AUDIT``,
-            else the SQLite file ``audit.db`` beside the key ring; a store URL (``sqlite:///PATH``,
+            else the SQLite file ``audit.db`` in the ring's state directory (``MRTR_KEYS_STATE_DIR``); a store URL (``sqlite:///PATH``,
             ``postgresql://...``, ``jsonl:///PATH``); or False for no audit log.
         sidecar: seal through a sealing sidecar instead (``http://127.0.0.1:8750`` or
             ``unix:///PATH``; docs/sidecar.md): no key material in this process, `keystore` and `audit`

@@ -19,12 +19,13 @@ from mrtr_keys.cli import (
     init_cmd,
     inspect_cmd,
     keys_cmd,
+    keystore_cmd,
     rewrap_cmd,
     rotate_cmd,
     scope_cmd,
     serve_cmd,
 )
-from mrtr_keys.cli.options import JsonOpt
+from mrtr_keys.cli.options import JsonOpt, StateDirOpt
 
 app = typer.Typer(
     name="mrtr-keys",
@@ -60,6 +61,7 @@ def version() -> str:
 @app.callback()
 def _root(
     audit: audit_cmd.AuditOpt = None,
+    state_dir: StateDirOpt = None,
     log_format: Annotated[
         str | None,
         typer.Option("--log-format", envvar="MRTR_KEYS_LOG_FORMAT", help="Log lines as text or json [default: text]."),
@@ -70,9 +72,11 @@ def _root(
     ] = False,
 ) -> None:
     """Shared, rotated, audited keys for MCP requestState."""
+    from mrtr_keys.keystores.state import set_state_dir
     from mrtr_keys.logs import configure_logging
 
     configure_logging(log_format)
+    set_state_dir(state_dir)  # audit key, default audit log, client registry, lock files (docs/keystores.md)
     audit_cmd.configure(audit)  # key ring changes are recorded in the audit store (docs/audit.md)
 
 
@@ -94,6 +98,7 @@ def version_cmd(json_: JsonOpt = False) -> None:
 app.command("rewrap")(rewrap_cmd.rewrap)
 app.command("serve")(serve_cmd.serve)
 app.add_typer(clients_cmd.app, name="clients")
+app.add_typer(keystore_cmd.app, name="keystore")
 
 
 def run() -> None:

@@ -1,8 +1,11 @@
 """Where key rings live. `open_keystore(location)` picks the keystore from a path or URL.
 
 Every keystore offers the same small contract (`Keystore`): load the ring,
-create it once, and save a new generation with compare-and-swap on the
-generation, so two writers can never both win.
+create it once, and save a new generation with compare-and-swap, so two
+writers can never both win; and a cheap `revision()` that changes whenever the
+stored ring does. Local files a process keeps for a ring (audit key, audit log,
+client registry, lock files) go to its state directory (`Keystore.directory`,
+`mrtr_keys.keystores.state`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ class Keystore(Protocol):
 
     @property
     def directory(self) -> Path:
-        """A local directory for files kept beside the ring (client registry, audit key, audit log)."""
+        """The state directory: local files kept for this ring (audit key, default audit log, client
+        registry, lock files); see `mrtr_keys.keystores.state`. Created on first use when needed.
+
+        Raises:
+            ConfigError: it cannot be created.
+        """
         ...
 
     def exists(self) -> bool:
@@ -70,25 +78,46 @@ def resolve_location(location: str | os.PathLike[str] | None) -> str:
     return os.environ.get(ENV_KEYSTORE) or DEFAULT_KEYSTORE
 
 
-def open_keystore(location: str | os.PathLike[str] | None = None) -> Keystore:
-    """Open the keystore at a path or ``file://`` URL.
+def open_keystore(
+    location: str | os.PathLike[str] | None = None, *, state_dir: str | os.PathLike[str] | None = None
+) -> Keystore:
+    """Open the keystore at a path or URL (docs/keystores.md).
+
+    * a path or ``file:///PATH``: a JSON file (`FileKeystore`), or, when its directory is a
+      read-only mount such as a Kubernetes Secret volume, a `MountedKeystore`;
+    * ``vault-kv://MOUNT/PATH``: a Vault / OpenBao KV version 2 secret (`VaultKVKeystore`);
+    * ``aws-sm://NAME``: an AWS Secrets Manager secret, by name or ARN (`SecretsManagerKeystore`).
+
+    `state_dir` overrides ``MRTR_KEYS_STATE_DIR`` (`mrtr_keys.keystores.state`).
 
     Raises:
-        ConfigError: an unsupported URL scheme.
+        ConfigError: an unsupported URL scheme or a malformed URL.
     """
     text = resolve_location(location)
-    if "://" not in text:
-        from mrtr_keys.keystores.file import FileKeystore
+    scheme = text.split("://", 1)[0].lower() if "://" in text else ""
+    if scheme in ("", "file"):
+        from mrtr_keys.keystores.file import FileKeystore, path_from_url
+        from mrtr_keys.keystores.private import is_read_only_mount
 
-        return FileKeystore(Path(text))
-    scheme = text.split("://", 1)[0]
-    if scheme == "file":
-        from mrtr_keys.keystores.file import FileKeystore
+        path = Path(text).expanduser().absolute() if not scheme else path_from_url(text)
+        if is_read_only_mount(path.parent):
+            from mrtr_keys.keystores.mounted import MountedKeystore
 
-        return FileKeystore.from_url(text)
-    raise ConfigError(f"unsupported keystore URL scheme {scheme!r} (use a path or file:///PATH)")
+            return MountedKeystore(path, state_dir=state_dir)
+        return FileKeystore(path, state_dir=state_dir)
+    if scheme == "vault-kv":
+        from mrtr_keys.keystores.vault_kv import VaultKVKeystore
+
+        return VaultKVKeystore.from_url(text, state_dir=state_dir)
+    if scheme == "aws-sm":
+        from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
+
+        return SecretsManagerKeystore.from_url(text, state_dir=state_dir)
+    raise ConfigError(
+        f"unsupported keystore URL scheme {scheme!r} (use a path, file:///PATH, vault-kv://MOUNT/PATH or aws-sm://NAME)"
+    )
 
 
 def iter_schemes() -> Iterator[str]:
     """Keystore URL schemes this build understands."""
-    yield "file"
+    yield from ("file", "vault-kv", "aws-sm")
