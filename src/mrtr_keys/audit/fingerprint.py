@@ -7,7 +7,7 @@ one token (were a decoder ever to accept both) can never get two fingerprints. A
 a ``PREFIX.BODY`` token is hashed under a separate label (``raw:``) so a garbage retry still has a
 stable fingerprint. Without the audit key nobody can test a guessed token against the log.
 
-The audit key is 32 random bytes in ``audit.key`` beside the key ring (`Keystore.directory`),
+The audit key is 32 random bytes in ``audit.key`` in the ring's state directory (`Keystore.directory`),
 mode 0600, created on first use. Every process that should produce matching fingerprints (all
 instances writing to one PostgreSQL store, say) needs the same file, like the key ring itself.
 """

@@ -1,4 +1,4 @@
-"""Choosing the audit store: ``--audit URL`` / ``MRTR_KEYS_AUDIT``, else a SQLite file beside the ring.
+"""Choosing the audit store: ``--audit URL`` / ``MRTR_KEYS_AUDIT``, else a SQLite file in the state directory.
 
 URLs: ``sqlite:///PATH``, ``postgresql://USER@HOST:PORT/DB`` (or ``postgres://``),
 ``jsonl:///PATH``; ``off`` (or ``none``, ``false``, ``0``) turns auditing off.

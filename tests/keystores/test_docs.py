@@ -1,0 +1,96 @@
+"""docs/keystores.md as written (issue 12): its command blocks run against the OpenBao dev server and moto,
+and its least-privilege policies do what the page says: the instance policy reads and refuses writes with
+one line naming the keystore and the permission, the deploy policy writes. AppRole logs in the same way."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.errors import KeystoreError
+from mrtr_keys.keystores.vault_kv import VaultKVKeystore
+from mrtr_keys.ring.rotation import run_step
+from tests.fixtures.common import REPO, run_cli
+from tests.fixtures.moto_kms import KMSEnv
+from tests.fixtures.openbao import OpenBao
+
+DOC = (REPO / "docs" / "keystores.md").read_text()
+BIN = str(Path(sys.executable).parent)
+
+
+def blocks(kind: str) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", DOC, re.S)
+
+
+def test_every_command_block_runs(openbao: OpenBao, kms: KMSEnv, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        **kms.env,
+        **openbao.env(),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "MRTR_KEYS_STATE_DIR": str(tmp_path / "state"),
+    }
+    env.pop("VAULT_ADDR", None)
+    env.pop("VAULT_TOKEN", None)
+    assert len(blocks("sh")) == 4
+    for block in blocks("sh"):
+        proc = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, (block, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def _policy_token(bao: OpenBao, name: str, hcl: str) -> str:
+    bao.api("PUT", f"sys/policies/acl/{name}", {"policy": hcl})
+    auth = bao.api("POST", "auth/token/create", {"policies": [name], "no_default_policy": True})["auth"]
+    return str(auth["client_token"])  # type: ignore[index]
+
+
+def test_the_vault_policies_read_and_write_as_documented(openbao: OpenBao, tmp_path: Path) -> None:
+    read_hcl, write_hcl = (b.replace("mrtr/keyring", "mrtr/policy-test") for b in blocks("hcl"))
+    suffix = secrets.token_hex(3)
+    reader = _policy_token(openbao, f"mrtr-read-{suffix}", read_hcl)
+    writer = _policy_token(openbao, f"mrtr-write-{suffix}", write_hcl)
+    url = "vault-kv://secret/mrtr/policy-test"
+
+    def store(token: str) -> VaultKVKeystore:
+        client = VaultClient(VaultSettings(addr=openbao.addr, token=token))
+        return VaultKVKeystore("secret", "mrtr/policy-test", client=client, state_dir=tmp_path / "state")
+
+    env = {"BAO_ADDR": openbao.addr, "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")}
+    r = run_cli("init", keystore=url, env={**env, "BAO_TOKEN": writer})
+    assert r.code == 0, r.err
+    assert store(reader).load().generation == 1 and store(reader).revision() == "1"
+    r = run_cli("rotate", "begin", keystore=url, env={**env, "BAO_TOKEN": reader})
+    assert r.code == 1
+    assert r.err == (
+        f"mrtr-keys: key ring {url}: permission denied: Vault refused to write secret/data/mrtr/policy-test "
+        "(HTTP 403); the token's policy needs 'create and update' on 'secret/data/mrtr/policy-test' "
+        "(docs/keystores.md)\n"
+    )
+    assert run_step(store(writer), "begin").ring.generation == 2
+    with pytest.raises(KeystoreError, match="permission denied: Vault refused to read secret/data/mrtr/other"):
+        VaultKVKeystore("secret", "mrtr/other", client=store(reader).client).load()
+
+    # AppRole with the instance policy: the same client code logs in and reads.
+    mount = f"approle-{suffix}"
+    openbao.api("POST", f"sys/auth/{mount}", {"type": "approle"})
+    openbao.api("POST", f"auth/{mount}/role/instances", {"token_policies": [f"mrtr-read-{suffix}"]})
+    role_id = openbao.api("GET", f"auth/{mount}/role/instances/role-id")["data"]["role_id"]  # type: ignore[index]
+    secret_id = openbao.api("POST", f"auth/{mount}/role/instances/secret-id")["data"]["secret_id"]  # type: ignore[index]
+    settings = VaultSettings(addr=openbao.addr, role_id=role_id, secret_id=secret_id, approle_mount=mount)
+    approle = VaultKVKeystore("secret", "mrtr/policy-test", client=VaultClient(settings))
+    assert approle.load().generation == 2
