@@ -13,6 +13,9 @@ from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore
 
+ENV_SIDECAR_URL = "MRTR_KEYS_SIDECAR_URL"
+"""The sealing sidecar `request_state_security` uses when given neither ``sidecar=`` nor ``keystore=``."""
+
 
 def open_codec(
     keystore: Keystore | str | os.PathLike[str] | None = None,
@@ -53,18 +56,22 @@ def request_state_security(
         ttl: seconds a sealed round stays valid; must not exceed the ring's TTL, which the
             rotation gate (retire after promote + TTL + 60 s) relies on.
         audit: where seals and unseals are recorded (docs/audit.md): None for ``MRTR_KEYS_AUDIT``,
-            else the SQLite file ``audit.db`` in the ring's state directory (``MRTR_KEYS_STATE_DIR``); a store URL (``sqlite:///PATH``,
-            ``postgresql://...``, ``jsonl:///PATH``); or False for no audit log.
+            else the SQLite file ``audit.db`` in the ring's state directory (``MRTR_KEYS_STATE_DIR``);
+            a store URL (``sqlite:///PATH``, ``postgresql://...``, ``jsonl:///PATH``); or False for none.
         sidecar: seal through a sealing sidecar instead (``http://127.0.0.1:8750`` or
             ``unix:///PATH``; docs/sidecar.md): no key material in this process, `keystore` and `audit`
             unused (the sidecar audits); `secret` is the client's bearer secret (default:
-            ``MRTR_KEYS_SIDECAR_SECRET``); `options` go to `SidecarCodec` (``timeout=``).
+            ``MRTR_KEYS_SIDECAR_SECRET``); `options` go to `SidecarCodec` (``timeout=``). When neither
+            `sidecar` nor `keystore` is given, ``MRTR_KEYS_SIDECAR_URL`` (if set) is the sidecar, as in
+            deploy/kubernetes/sidecar.yaml; it wins over ``MRTR_KEYS_KEYSTORE``.
 
     Raises:
         ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
     """
     if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
         raise ConfigError("ttl must be a positive finite number of seconds")
+    if sidecar is None and keystore is None:
+        sidecar = os.environ.get(ENV_SIDECAR_URL) or None
     if sidecar is not None:
         from mrtr_keys.codecs.sidecar import sidecar_security
 

@@ -1,0 +1,208 @@
+"""The shipped Kubernetes manifest, run as written (issue 12): deploy/kubernetes/sidecar.yaml's sidecar
+command and environment, as its non-root user, with the ring and client registry on a directory laid out
+as the kubelet lays out a Secret volume (``..data`` link, files 0440 root:fsGroup) and only the state
+directory writable. The mount is swapped the kubelet's way through begin, promote and retire while the
+MCP server side (`request_state_security` reading the manifest's MRTR_KEYS_SIDECAR_* variables) seals and
+unseals continuously: 0 failed requests, no restart, nothing written to the mount."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+import mrtr_keys
+from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.rotation import run_step
+from mrtr_keys.service.clients import add_client
+from tests.fixtures.common import REPO, stop_process
+from tests.fixtures.keystores import kubelet_publish
+
+MANIFEST = REPO / "deploy" / "kubernetes" / "sidecar.yaml"
+
+
+def world_reachable(path: Path) -> bool:
+    """True if a user who is neither owner nor group can execute `path` (every parent searchable)."""
+    real = Path(os.path.realpath(path))
+    return all(os.stat(p).st_mode & 0o001 for p in [real, *real.parents])
+
+
+def pod_toolchain(base: Path) -> tuple[Path, dict[str, str]]:
+    """A ``bin`` directory with ``mrtr-keys`` and ``python`` as the image has them, runnable by the pod's
+    user, and the environment they need. This venv's interpreter is used when that user can reach it;
+    else (a pyenv under a 0700 home) the system's Python of the same version runs this venv's packages."""
+    bin_dir = base / "bin"
+    bin_dir.mkdir(mode=0o755)
+    python, env = sys.executable, {}
+    if not world_reachable(Path(python)):
+        python = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/bin") or ""
+        assert python and world_reachable(Path(python)), "no Python the pod user can run"
+        site = next(p for p in sys.path if p.endswith("site-packages") and "venv" in p)
+        env["PYTHONPATH"] = f"{REPO / 'src'}:{site}"
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {python} "$@"\n')
+    (bin_dir / "mrtr-keys").write_text(f'#!/bin/sh\nexec {python} -m mrtr_keys.cli.main "$@"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return bin_dir, env
+
+
+def pod_spec() -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    sidecar = next(c for c in spec["containers"] if c.get("command", [""])[0] == "mrtr-keys")
+    server = next(c for c in spec["containers"] if c is not sidecar)
+    return sidecar, server
+
+
+def test_every_variable_the_manifest_sets_is_read_by_the_code() -> None:
+    names = {e["name"] for c in pod_spec()["containers"] for e in c.get("env", [])}
+    source = "\n".join(p.read_text() for p in (REPO / "src" / "mrtr_keys").rglob("*.py"))
+    assert names and {n for n in names if f'"{n}"' not in source} == set()
+
+
+def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = pod_spec()
+    sidecar, server = containers(spec)
+    security = spec["securityContext"]
+    root = os.geteuid() == 0
+    base = Path(tempfile.mkdtemp(prefix="mrtr-k8s-"))  # outside pytest's 0700 tmp tree: the pod user must reach it
+    os.chmod(base, 0o755)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    paths: dict[str, Path] = {}
+    mount = None
+    for vm in sidecar["volumeMounts"]:
+        host = base / vm["name"]
+        paths[vm["mountPath"]] = host
+        if "secret" in volumes[vm["name"]]:
+            mount, mode = host, volumes[vm["name"]]["secret"]["defaultMode"]
+        else:  # emptyDir: writable by the pod's user only
+            host.mkdir(mode=0o700)
+            if root:
+                os.chown(host, security["runAsUser"], security["runAsGroup"])
+    assert mount is not None and mode == 0o440
+
+    source = FileKeystore(tmp_path / "source" / "keyring.json")  # where rotations are written (not the pod)
+    create_ring(source, audiences=("billing",))
+    registry = tmp_path / "source" / "clients.json"
+    _, client_secret = add_client(registry, "billing", audiences=["billing"])
+    gid = security["fsGroup"] if root else None
+
+    def publish() -> None:
+        kubelet_publish(
+            mount, {"keyring.json": source.path.read_bytes(), "clients.json": registry.read_bytes()}, mode=mode, gid=gid
+        )
+
+    publish()
+
+    def local(text: str) -> str:
+        for pod_path in sorted(paths, key=len, reverse=True):
+            text = text.replace(pod_path, str(paths[pod_path]))
+        return text
+
+    def env_of(container: dict[str, Any]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for e in container.get("env", []):
+            if "value" in e:
+                out[e["name"]] = local(e["value"])
+            elif "secretKeyRef" in e.get("valueFrom", {}):
+                out[e["name"]] = client_secret
+            else:  # the downward API
+                out[e["name"]] = "mcp-billing-7d9f-test"
+        return out
+
+    bin_dir, tool_env = pod_toolchain(base)
+    argv = [str(bin_dir / "mrtr-keys"), *(local(a) for a in sidecar["command"][1:])]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/nonexistent", **tool_env, **env_of(sidecar)}
+    user = {"user": security["runAsUser"], "group": security["runAsGroup"], "extra_groups": [security["fsGroup"]]}
+    log = open(base / "sidecar.log", "w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=base, **(user if root else {}))
+    socket_path = Path(re.sub(r"^unix://", "", env_of(server)["MRTR_KEYS_SIDECAR_URL"]))
+    try:
+        http = _wait_ready(proc, socket_path, base / "sidecar.log")
+        for name, value in env_of(server).items():  # the MCP server container's environment
+            monkeypatch.setenv(name, value)
+        codec = mrtr_keys.request_state_security(audience="billing").codec
+        keys = {"authorization": f"Bearer {client_secret}"}
+
+        def generation() -> int:
+            return int(http.get("/v1/keys", headers=keys).json()["generation"])
+
+        failures: list[str] = []
+        rounds: list[int] = []
+        stop = threading.Event()
+
+        def traffic(n: int) -> None:
+            while not stop.is_set():
+                payload = f"{n}-{len(rounds)}".encode()
+                try:
+                    if codec.unseal(codec.seal(payload)) != payload:
+                        failures.append("mismatch")
+                except Exception as exc:
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                rounds.append(1)
+
+        threads = [threading.Thread(target=traffic, args=(n,)) for n in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for step in ("begin", "promote", "retire"):
+                result = run_step(source, step, force=step == "retire")
+                publish()
+                deadline = time.monotonic() + 30
+                while generation() != result.ring.generation:
+                    assert time.monotonic() < deadline, (base / "sidecar.log").read_text()
+                    time.sleep(0.1)
+                time.sleep(0.3)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        assert failures == [] and len(rounds) > 50
+        print(f"\nk8s mount: {len(rounds)} seal+unseal rounds through begin/promote/retire swaps, 0 failed")
+        assert proc.poll() is None
+        for kind in ("readinessProbe", "livenessProbe"):  # the probes as the kubelet execs them
+            probe = [local(a) for a in sidecar[kind]["exec"]["command"]]
+            probe[0] = str(bin_dir / probe[0])
+            ran = subprocess.run(probe, env=env, timeout=60, check=False, capture_output=True, **(user if root else {}))
+            assert ran.returncode == 0, (kind, ran.stderr)
+        state = paths[next(p for p in paths if "state" in p or "lib" in p)]
+        assert {"audit.key", "audit.db"} <= {p.name for p in state.iterdir()}
+        assert sorted(p.name for p in mount.iterdir() if not p.name.startswith("..2")) == [
+            "..data",
+            "clients.json",
+            "keyring.json",
+        ]
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def _wait_ready(proc: subprocess.Popen[Any], socket_path: Path, log: Path) -> httpx.Client:
+    http = httpx.Client(base_url="http://sidecar", transport=httpx.HTTPTransport(uds=str(socket_path)), timeout=10)
+    deadline = time.monotonic() + 90
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if http.get("/readyz").status_code == 200:
+                return http
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
