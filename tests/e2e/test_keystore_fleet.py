@@ -1,0 +1,141 @@
+"""Instances sharing a remote keystore and nothing else (issue 12).
+
+Two sidecars, each in its own working and state directory with no ring file anywhere, read one ring from
+Vault KV v2 or Secrets Manager through a TCP proxy. Rounds cross instances both ways (sealed on one,
+unsealed on the other) while the ring moves through begin and promote: 0 rejected rounds. Then the proxy
+stops (the store is gone): both keep serving on the last good ring and their readiness says the reload
+fails; retire is written meanwhile; once the proxy listens again both load it without a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+
+from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
+from mrtr_keys.keystores.vault_kv import VaultKVKeystore
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.rotation import run_step
+from tests.fixtures.keystores import REMOTE_KINDS
+from tests.fixtures.moto_kms import AWS_ENV, REGION
+from tests.fixtures.openbao import OpenBao, TcpProxy
+from tests.fixtures.sidecar import Sidecar, start_sidecar
+
+AUD = "billing"
+
+
+@pytest.fixture(params=REMOTE_KINDS)
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """(URL, a direct keystore for the test's writes, a proxy the instances go through, their env)."""
+    name = f"mrtr-fleet/{tmp_path.name}"
+    if request.param == "vault-kv":
+        bao: OpenBao = request.getfixturevalue("openbao")
+        proxy = TcpProxy(int(bao.addr.rsplit(":", 1)[1]))
+        direct: Any = VaultKVKeystore(
+            "secret", name, client=VaultClient(VaultSettings(addr=bao.addr, token=bao.token)), state_dir=tmp_path / "w"
+        )
+        env = {"BAO_TOKEN": bao.token, "BAO_ADDR": proxy.addr, "BAO_MAX_RETRIES": "0", "BAO_CLIENT_TIMEOUT": "2"}
+    else:
+        moto: str = request.getfixturevalue("moto_server")
+        proxy = TcpProxy(int(moto.rsplit(":", 1)[1]))
+        client = boto3.client(
+            "secretsmanager", endpoint_url=moto, region_name=REGION, aws_access_key_id="t", aws_secret_access_key="x"
+        )
+        direct = SecretsManagerKeystore(name, client=client, state_dir=tmp_path / "w")
+        env = {**AWS_ENV, "AWS_ENDPOINT_URL": proxy.addr, "MRTR_KEYS_KMS_MAX_ATTEMPTS": "1"}
+    proxy.start()
+    try:
+        yield direct.url, direct, proxy, env
+    finally:
+        proxy.stop()
+
+
+def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_path: Path) -> None:
+    url, direct, proxy, env = shared_store
+    create_ring(direct, audiences=(AUD,))
+    instances: list[Sidecar] = []
+    secrets_: list[str] = []
+    try:
+        for name in ("a", "b"):
+            work = tmp_path / name
+            s = start_sidecar(
+                url,  # there is no ring file
+                workdir=work,
+                reload_interval=0.3,
+                extra=["--clients", str(work / "clients.json")],
+                env={**env, "MRTR_KEYS_STATE_DIR": str(work / "state")},
+            )
+            instances.append(s)
+            secrets_.append(s.add_client("web", [AUD]))
+        a, b = instances
+        codecs = [a.codec(AUD, secrets_[0]), b.codec(AUD, secrets_[1])]
+        pids = [s.proc.pid for s in instances]
+        rounds, rejected = [0], []
+        stop = threading.Event()
+
+        def traffic(i: int) -> None:
+            sealer, opener = codecs[i], codecs[1 - i]
+            while not stop.is_set():
+                payload = f"{i}-{rounds[0]}".encode()
+                try:
+                    if opener.unseal(sealer.seal(payload)) != payload:
+                        rejected.append("mismatch")
+                except Exception as exc:
+                    rejected.append(f"{type(exc).__name__}: {exc}")
+                rounds[0] += 1
+
+        def wait_all(generation: int) -> None:
+            for s, secret in zip(instances, secrets_, strict=True):
+                s.wait_generation(secret, generation, timeout=30)
+
+        threads = [threading.Thread(target=traffic, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for step in ("begin", "promote"):
+                wait_all(run_step(direct, step).ring.generation)
+                time.sleep(0.3)
+            promoted = direct.load().generation
+
+            proxy.stop()  # the keystore is gone for the instances
+            for s, secret in zip(instances, secrets_, strict=True):
+                _wait_ready_doc(s, secret, lambda doc: doc["reload_error"] is not None)
+            retired = run_step(direct, "retire", force=True).ring.generation
+            time.sleep(1.0)
+            for s, secret in zip(instances, secrets_, strict=True):
+                assert s.generation(secret) == promoted  # still serving the last good ring
+            proxy.start()  # back: both pick up the retire by themselves
+            wait_all(retired)
+            for s, secret in zip(instances, secrets_, strict=True):
+                _wait_ready_doc(s, secret, lambda doc: doc["reload_error"] is None and doc["ready"])
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        assert rejected == [] and rounds[0] > 50
+        assert [s.proc.pid for s in instances] == pids and all(s.proc.poll() is None for s in instances)
+        assert not any(p.name.endswith(".json") and "keyring" in p.name for p in tmp_path.rglob("*"))
+        print(f"\n{url.split(':')[0]}: {rounds[0]} cross-instance rounds, {len(rejected)} rejected")
+    finally:
+        for s in instances:
+            s.stop()
+
+
+def _wait_ready_doc(s: Sidecar, secret: str, check: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    doc: dict[str, Any] = {}
+    with httpx.Client(base_url=s.url, timeout=10) as http:
+        while time.monotonic() < deadline:
+            doc = http.get("/readyz").json()
+            if check(doc):
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"readiness never matched: {doc}\n{s.output()[-3000:]}")
