@@ -4,21 +4,26 @@ one line naming the keystore and the permission, the deploy policy writes. AppRo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
 from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
 from mrtr_keys.errors import KeystoreError
+from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
+from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.rotation import run_step
-from tests.fixtures.common import REPO, run_cli
-from tests.fixtures.moto_kms import KMSEnv
+from tests.fixtures.common import REPO, free_port, run_cli, stop_process, wait_for_port
+from tests.fixtures.moto_kms import AWS_ENV, REGION, KMSEnv
 from tests.fixtures.openbao import OpenBao
 
 DOC = (REPO / "docs" / "keystores.md").read_text()
@@ -94,3 +99,58 @@ def test_the_vault_policies_read_and_write_as_documented(openbao: OpenBao, tmp_p
     settings = VaultSettings(addr=openbao.addr, role_id=role_id, secret_id=secret_id, approle_mount=mount)
     approle = VaultKVKeystore("secret", "mrtr/policy-test", client=VaultClient(settings))
     assert approle.load().generation == 2
+
+
+@pytest.fixture
+def moto_with_iam() -> Iterator[str]:
+    """A moto server that enforces IAM after its first 6 actions (the set-up below makes exactly 6)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **AWS_ENV, "INITIAL_NO_AUTH_ACTION_COUNT": "6"},
+    )
+    try:
+        wait_for_port(port, proc=proc, timeout=60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(proc)
+
+
+def test_the_iam_actions_read_and_write_as_documented(moto_with_iam: str, tmp_path: Path) -> None:
+    """moto checks actions, not resources (it authorises Secrets Manager calls against ``*``), so the
+    documented Resource is widened to ``*`` here; the action lists are the page's."""
+    iam = boto3.client(
+        "iam", endpoint_url=moto_with_iam, region_name=REGION, aws_access_key_id="a", aws_secret_access_key="b"
+    )
+    keys: dict[str, dict[str, str]] = {}
+    for role, policy in zip(("reader", "writer"), blocks("json"), strict=True):
+        doc = json.loads(policy)
+        for statement in doc["Statement"]:
+            statement["Resource"] = "*"
+        iam.create_user(UserName=role)
+        iam.put_user_policy(UserName=role, PolicyName="mrtr-keys", PolicyDocument=json.dumps(doc))
+        key = iam.create_access_key(UserName=role)["AccessKey"]
+        keys[role] = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+
+    def store(role: str) -> SecretsManagerKeystore:
+        client = boto3.client(
+            "secretsmanager",
+            endpoint_url=moto_with_iam,
+            region_name=REGION,
+            aws_access_key_id=keys[role]["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=keys[role]["AWS_SECRET_ACCESS_KEY"],
+        )
+        return SecretsManagerKeystore("mrtr/keyring", client=client, state_dir=tmp_path / role)
+
+    create_ring(store("writer"))
+    assert store("reader").load().generation == 1 and store("reader").revision() is not None
+    env = {**AWS_ENV, **keys["reader"], "AWS_ENDPOINT_URL": moto_with_iam, "MRTR_KEYS_STATE_DIR": str(tmp_path / "s")}
+    r = run_cli("rotate", "begin", keystore="aws-sm://mrtr/keyring", env=env)
+    assert r.code == 1 and len(r.err.splitlines()) == 1 and "Traceback" not in r.err
+    assert r.err.startswith(
+        "mrtr-keys: key ring aws-sm://mrtr/keyring: permission denied: secretsmanager:PutSecretValue ("
+    )
+    assert run_step(store("writer"), "begin").ring.generation == 2
+    assert store("reader").load().generation == 2

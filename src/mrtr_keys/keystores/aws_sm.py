@@ -230,13 +230,16 @@ class SecretsManagerKeystore(RemoteKeystore):
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", "Unknown"))
-            message = " ".join(str(err.get("Message", "")).split())[:200]
+            message = " ".join(str(err.get("Message", "")).split())
+            inner = re.search(r"<Message>(.*?)</Message>", message)  # an XML error body botocore did not parse
+            message = (inner.group(1) if inner else message)[:200]
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             if code in _UNAVAILABLE or status >= 500:
                 raise KeystoreUnavailable(
                     f"key ring {self.url} is unavailable ({op}: {code}); nothing was changed, retry later"
                 ) from None
-            if code in ("AccessDeniedException", "AccessDenied", "UnrecognizedClientException"):
+            if code in ("AccessDeniedException", "AccessDenied", "UnrecognizedClientException") or status == 403:
+                code = code if not code.isdigit() else "AccessDenied"
                 raise KeystoreError(
                     f"key ring {self.url}: permission denied: secretsmanager:{op} ({code}: {message}); "
                     f"the IAM policy must allow secretsmanager:{op} on this secret (docs/keystores.md)"
