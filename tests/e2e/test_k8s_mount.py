@@ -30,6 +30,8 @@ from mrtr_keys.service.clients import add_client
 from tests.fixtures.common import REPO, stop_process
 from tests.fixtures.keystores import kubelet_publish
 
+pytestmark = pytest.mark.e2e
+
 MANIFEST = REPO / "deploy" / "kubernetes" / "sidecar.yaml"
 
 

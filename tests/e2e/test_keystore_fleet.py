@@ -28,6 +28,8 @@ from tests.fixtures.moto_kms import AWS_ENV, REGION
 from tests.fixtures.openbao import OpenBao, TcpProxy
 from tests.fixtures.sidecar import Sidecar, start_sidecar
 
+pytestmark = pytest.mark.e2e
+
 AUD = "billing"
 
 

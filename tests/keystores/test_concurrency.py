@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import boto3
+import pytest
 
 from mrtr_keys.keystores import open_keystore
 from mrtr_keys.ring.create import create_ring
@@ -26,6 +27,8 @@ from mrtr_keys.ring.model import KeyRing
 from tests.fixtures.keystores import KeystoreUnderTest
 from tests.fixtures.moto_kms import REGION
 from tests.fixtures.openbao import OpenBao
+
+pytestmark = pytest.mark.e2e
 
 STEPS = 50
 WRITER = """

@@ -16,6 +16,8 @@ from tests.fixtures.codec_contract import ring_secrets
 from tests.fixtures.common import run_cli
 from tests.fixtures.keystores import KeystoreUnderTest
 
+pytestmark = pytest.mark.e2e
+
 
 def test_copy_a_file_ring_into_a_remote_keystore_and_forward(
     remote_keystore: KeystoreUnderTest, tmp_path: Path

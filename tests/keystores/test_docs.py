@@ -26,6 +26,8 @@ from tests.fixtures.common import REPO, free_port, run_cli, stop_process, wait_f
 from tests.fixtures.moto_kms import AWS_ENV, REGION, KMSEnv
 from tests.fixtures.openbao import OpenBao
 
+pytestmark = pytest.mark.e2e
+
 DOC = (REPO / "docs" / "keystores.md").read_text()
 BIN = str(Path(sys.executable).parent)
 

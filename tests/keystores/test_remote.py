@@ -19,6 +19,7 @@ from tests.fixtures.keystores import KeystoreUnderTest
 AUD = "billing"
 
 
+@pytest.mark.e2e
 def test_init_rotate_matrix_and_inspect(any_keystore: KeystoreUnderTest) -> None:
     ks = any_keystore
     r = run_cli("init", "--json", "--ttl", "5", keystore=ks.url, env=ks.env)
@@ -77,6 +78,7 @@ def test_revision_changes_exactly_when_the_ring_does(remote_keystore: KeystoreUn
     assert store.revision() not in (None, first)  # type: ignore[attr-defined]
 
 
+@pytest.mark.e2e
 def test_state_lives_in_the_state_directory_never_beside_a_remote_ring(remote_keystore: KeystoreUnderTest) -> None:
     """The CLI's audit log and the client registry go to MRTR_KEYS_STATE_DIR."""
     ks = remote_keystore
