@@ -1,7 +1,8 @@
 """`postgresql://...`: the audit log in PostgreSQL (psycopg 3), for fleets writing to one place.
 
 Every instance appends its own hash chain; the schema is created and migrated on first open
-under a transaction-scoped advisory lock, so instances starting together do not race. Needs
+under a transaction-scoped advisory lock, so instances starting together do not race. A
+connection the server dropped (restart, failover, network cut) is replaced on the next call. Needs
 the ``postgres`` extra (``pip install 'mrtr-keys[postgres]'``).
 """
 
@@ -46,6 +47,9 @@ class PostgresStore(SQLStore):
             return self._psycopg.connect(self._dsn, connect_timeout=10)
         except self._psycopg.Error as exc:
             raise AuditError(f"cannot connect to the audit store {self.url}: {exc}") from None
+
+    def _broken(self, conn: Any) -> bool:
+        return bool(conn.closed or conn.broken)
 
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))

@@ -35,7 +35,12 @@ def _row_to_record(row: Sequence[Any]) -> Record:
 
 
 class SQLStore:
-    """Base of the SQL stores; a subclass supplies `_connect`, `_db_errors`, `PARAM`, `AUTOINC`, `_lock_schema`."""
+    """Base of the SQL stores; a subclass supplies `_connect`, `_db_errors`, `PARAM`, `AUTOINC`, `_lock_schema`.
+
+    A connection the server dropped (`_broken`) is discarded on the error that revealed it, and the
+    next call opens a new one, so a store outage is survived without a restart; callers retry with
+    backoff (the writer process, `mrtr_keys.audit.direct.DirectWriter.recover`).
+    """
 
     PARAM = "?"
     AUTOINC = "INTEGER PRIMARY KEY AUTOINCREMENT"
@@ -93,12 +98,8 @@ class SQLStore:
         """Start a write transaction (psycopg starts one implicitly)."""
 
     def schema_version(self) -> int:
-        with self._lock:
-            cur = self._conn.cursor()
-            cur.execute("SELECT MAX(version) FROM schema_version")
-            row = cur.fetchone()
-            self._conn.commit()
-            return int(row[0]) if row and row[0] is not None else 0
+        row = self._fetch("SELECT MAX(version) FROM schema_version", [])[0]
+        return int(row[0]) if row and row[0] is not None else 0
 
     ROWS_PER_INSERT = 500
     """Rows per multi-row ``INSERT ... VALUES (...), (...)`` statement (7 500 bound values; one
@@ -133,6 +134,8 @@ class SQLStore:
         """A cursor inside one transaction under the store lock: committed on success, rolled back
         and turned into `AuditError` ("cannot {verb} the audit store ...") on a database error."""
         with self._lock:
+            if self._conn is None:  # lost with the last error: reconnect (raises AuditError)
+                self._conn = self._connect()
             try:
                 yield self._conn.cursor()
                 self._conn.commit()
@@ -141,7 +144,20 @@ class SQLStore:
                     self._conn.rollback()
                 except self._db_errors:
                     pass
+                if self._broken(self._conn):
+                    self._discard()
                 raise AuditError(f"cannot {verb} the audit store {self.url}: {exc}") from None
+
+    def _broken(self, conn: Any) -> bool:
+        """True if `conn` cannot be used again (the server went away): the next call reconnects."""
+        return False
+
+    def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        try:
+            conn.close()
+        except self._db_errors:
+            pass
 
     def _where(self, q: Query) -> tuple[str, list[Any]]:
         p = self.PARAM
@@ -162,10 +178,17 @@ class SQLStore:
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
-        with self._transaction("read") as cur:
-            cur.execute(sql, tuple(args))
-            rows = list(cur.fetchall())
-        return rows
+        """Rows of one read; a read that failed because the server had dropped the connection is
+        tried once more on a new one (reads are idempotent; writes are retried by their callers)."""
+        for attempt in (1, 2):
+            try:
+                with self._transaction("read") as cur:
+                    cur.execute(sql, tuple(args))
+                    return list(cur.fetchall())
+            except AuditError:
+                if attempt == 2 or self._conn is not None:
+                    raise
+        raise AssertionError("unreachable")
 
     def query(self, q: Query) -> list[Record]:
         where, args = self._where(q)
