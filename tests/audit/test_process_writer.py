@@ -11,11 +11,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from mrtr_keys.audit.chain import verify
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.audit.observer import AuditObserver
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 
 
@@ -153,3 +156,29 @@ def test_sustained_tight_loop_drops_nothing_and_stores_every_event(
     assert len(sink.store.query(Query(op="seal"))) == n
     assert len(sink.store.query(Query(op="unseal"))) == n
     assert sink.healthy
+
+
+def test_no_secret_reaches_the_writer_process_through_its_environment_or_command_line(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our rule: secrets never travel in a child's environment or argv (docs/audit.md). A store URL
+    with a password (trust auth ignores it) and libpq's PGPASSWORD are in the parent's environment."""
+    password, pgpassword = "url-Secret-4711", "pg-Secret-0815"
+    url = postgres_url.replace("postgres@", f"postgres:{password}@", 1)
+    monkeypatch.setenv("MRTR_KEYS_AUDIT", url)
+    monkeypatch.setenv("PGPASSWORD", pgpassword)
+    monkeypatch.setenv("VAULT_TOKEN", "hvs.Secret-1234")
+    sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
+    try:
+        sink.record("seal", kid="aaaaaaaa", token="mk1.AAAA")
+        assert sink.flush(timeout=30)  # the child connected and stored: it had what it needed
+        pid = sink.child_pid
+        assert pid is not None
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        for secret in (password, pgpassword, "hvs.Secret-1234", "MRTR_KEYS_AUDIT"):
+            assert secret.encode() not in environ
+            assert secret.encode() not in cmdline
+        assert [r.event.kid for r in sink.store.query(Query(op="seal"))] == ["aaaaaaaa"]
+    finally:
+        sink.close()
