@@ -128,3 +128,25 @@ def test_reading_a_missing_log_says_so(keystore_path: Path) -> None:
     assert res.code == 2 and "no audit log at" in res.err
     res = cli("audit", "query", "--audit", "off", keystore=keystore_path)
     assert res.code == 2 and "auditing is off" in res.err
+
+
+def test_fingerprint_of_a_token_respelled_in_standard_base64_is_the_canonical_tokens(keystore_path: Path) -> None:
+    # Issue 13: a token respelled with "+", "/" and "=" padding printed a fingerprint that matched no
+    # event; it now gives the fingerprint of the token it spells, and --token finds that token's events.
+    import base64
+
+    from mrtr_keys.audit.observer import observer_for
+
+    obs = observer_for(keystore_path.parent, audience="svc")
+    assert obs is not None
+    codec = LocalAESGCMCodec(keystore_path, audience="svc", observer=obs)
+    token = next(t for t in (codec.seal(b"payload %d" % i) for i in range(200)) if "-" in t or "_" in t)
+    assert obs.sink.flush()
+    head, body = token.split(".", 1)
+    raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    respelled = head + "." + base64.standard_b64encode(raw).decode()
+    assert respelled != token
+    want = cli("audit", "fingerprint", token, keystore=keystore_path).out.strip()
+    assert cli("audit", "fingerprint", respelled, keystore=keystore_path).out.strip() == want
+    life = cli("audit", "query", "--token", respelled, "--json", keystore=keystore_path).json()
+    assert [(e["op"], e["fingerprint"]) for e in life] == [("seal", want)]

@@ -53,3 +53,19 @@ def test_unwritable_store_makes_the_sink_unhealthy_then_recovers(
     assert sink.flush(timeout=10)
     assert sink.healthy
     assert [r.event.kid for r in sink.store.query(Query(op="seal"))] == ["aaaaaaaa"]
+
+
+def test_the_documented_queue_bounds_are_the_codes() -> None:
+    # Issue 13: docs/audit.md said 100 000 events while the code held 50 000.
+    import re
+
+    from mrtr_keys.audit.queue import DEFAULT_CAPACITY, DEFAULT_MAX_BYTES, DEFAULT_MAX_WAIT
+    from mrtr_keys.audit.writer.child import MAX_TX_EVENTS
+
+    doc = (Path(__file__).parents[2] / "docs" / "audit.md").read_text()
+    m = re.search(r"The queue holds at most ([\d ]+) events and (\d+) MiB", doc)
+    assert m is not None
+    assert int(m.group(1).replace(" ", "")) == DEFAULT_CAPACITY and int(m.group(2)) << 20 == DEFAULT_MAX_BYTES
+    assert f"at most {DEFAULT_MAX_WAIT:g} s" in doc
+    assert f"transactions of up to {MAX_TX_EVENTS:,}".replace(",", " ") in doc
+    assert "`kill -9`" in doc and "loses" in doc

@@ -56,7 +56,9 @@ def test_a_sidecar_with_its_store_down_stays_bounded_under_1_mb_rejected_tokens(
         m = re.search(r"^mrtr_sidecar_audit_dropped_total (\S+)$", metrics, re.M)
         assert m is not None
         dropped = float(m.group(1))
-        print(f"RSS {before / 1024:.0f} -> {after / 1024:.0f} MB over 950 unseals of 1 MB tokens; {dropped:.0f} dropped")
+        print(
+            f"RSS {before / 1024:.0f} -> {after / 1024:.0f} MB over 950 unseals of 1 MB tokens; {dropped:.0f} dropped"
+        )
         assert growth_mb < 64, f"RSS grew {growth_mb:.0f} MB"
         assert dropped > 0  # the store is down: the queue filled up to its byte bound, then dropped (counted)
     finally:

@@ -44,7 +44,9 @@ def pg_proxy(postgres_url: str) -> Iterator[tuple[TcpProxy, str]]:
 
 def _sidecar(keystore_path: Path, sink: AuditSink, *, strict: bool) -> tuple[TestClient, dict[str, str]]:
     _, secret = add_client(keystore_path.parent / "clients.json", "web", audiences=["svc"], ops=["seal", "unseal"])
-    app = create_app(ServiceConfig(strict_audit=strict), keystore=str(keystore_path), audit=SidecarAudit(sink, strict=strict))
+    app = create_app(
+        ServiceConfig(strict_audit=strict), keystore=str(keystore_path), audit=SidecarAudit(sink, strict=strict)
+    )
     return TestClient(app), {"authorization": f"Bearer {secret}"}
 
 

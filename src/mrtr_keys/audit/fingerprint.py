@@ -15,9 +15,11 @@ instances writing to one PostgreSQL store, say) needs the same file, like the ke
 from __future__ import annotations
 
 import binascii
+import contextlib
 import hashlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from mrtr_keys.errors import ConfigError
@@ -32,24 +34,16 @@ _RAW_LABEL = b"raw:"
 def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) -> bytes:
     """Read (or create, mode 0600) the audit key in `directory`.
 
+    Any number of processes may call this at once on a fresh directory: the key is created
+    atomically (temporary file, then a hard link), so every one of them reads the same 32 bytes.
+
     Raises:
         ConfigError: the file is not 32 bytes, is accessible by group or others, or cannot be
             read or created.
     """
     path = Path(directory) / AUDIT_KEY_FILE
     if create and not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except FileExistsError:
-            pass  # another process created it first: use theirs
-        except OSError as exc:
-            raise ConfigError(f"cannot create audit key {path}: {exc.strerror}") from None
-        else:
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(AUDIT_KEY_BYTES))
-                f.flush()
-                os.fsync(f.fileno())
+        _create_atomically(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
@@ -62,6 +56,45 @@ def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) ->
     if len(data) != AUDIT_KEY_BYTES:
         raise ConfigError(f"audit key {path} must hold exactly {AUDIT_KEY_BYTES} bytes")
     return data
+
+
+def _create_atomically(path: Path) -> None:
+    """Write a new key to a private temporary file, then hard-link it to `path`: a reader sees no
+    file or the whole key, never an empty one; if another process linked first, theirs is kept."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{AUDIT_KEY_FILE}.", dir=path.parent)  # mode 0600
+    except OSError as exc:
+        raise ConfigError(f"cannot create audit key {path}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(AUDIT_KEY_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+        except OSError as exc:
+            raise ConfigError(f"cannot create audit key {path}: {exc.strerror}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def canonical_spelling(token: str) -> str:
+    """`token` in the one spelling codecs mint (unpadded base64url), if it is another spelling of
+    a ``PREFIX.BODY`` token (the standard alphabet's ``+`` and ``/``, ``=`` padding); else `token`
+    unchanged. For looking a token up (``audit fingerprint``, ``query --token``): a respelled
+    token then finds the events of the token it spells, not a ``raw:`` fingerprint of its text.
+    """
+    if decoded_bytes(token) is not None or len(token) > MAX_TOKEN_CHARS:
+        return token
+    head, dot, body = token.partition(".")
+    if not dot:
+        return token
+    respelled = head + "." + body.replace("+", "-").replace("/", "_").rstrip("=")
+    return respelled if decoded_bytes(respelled) is not None else token
 
 
 def fingerprint_input(token: str) -> bytes:

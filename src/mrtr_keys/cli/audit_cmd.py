@@ -236,7 +236,7 @@ def query(
     """Events matching every filter given, oldest first."""
     fingerprint = None
     if token is not None:
-        fingerprint = _fingerprinter(keystore_).fingerprint(token)
+        fingerprint = _fingerprinter(keystore_).fingerprint(canonical_spelling(token))
     q = _query(
         since=since,
         until=until,
@@ -413,6 +413,12 @@ def export(
             out.close()
 
 
+def canonical_spelling(token: str) -> str:
+    from mrtr_keys.audit.fingerprint import canonical_spelling as respell
+
+    return respell(token)
+
+
 def _fingerprinter(keystore_: str | None) -> Any:
     from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 
@@ -425,10 +431,13 @@ def fingerprint(
     keystore_: KeystoreOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Print the fingerprint that audit events for TOKEN carry (keyed by the audit key beside the ring)."""
+    """Print the fingerprint that audit events for TOKEN carry (keyed by the audit key beside the ring).
+
+    TOKEN may be respelled with the standard base64 alphabet and padding: the fingerprint is then
+    the canonical token's (the one its events carry)."""
     from mrtr_keys.cli.output import print_json, print_line
 
-    fp = _fingerprinter(keystore_).fingerprint(token)
+    fp = _fingerprinter(keystore_).fingerprint(canonical_spelling(token))
     if json_:
         print_json({"fingerprint": fp})
     else:

@@ -2,12 +2,16 @@
 
 WAL lets the CLI read while codecs and the sidecar write, and several processes append at
 once (each waits up to `BUSY_TIMEOUT_MS` for the write lock). The file is created mode 0600.
+Processes opening a new file together (a fleet starting at once) wait for each other's WAL switch
+and schema creation instead of failing with "database is locked".
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -56,7 +60,7 @@ class SQLiteStore(SQLStore):
                 self.path, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False, isolation_level=None
             )
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _wait_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
         except (OSError, sqlite3.Error) as exc:
             raise AuditError(f"cannot open the audit store {self.path}: {exc}") from None
@@ -64,6 +68,30 @@ class SQLiteStore(SQLStore):
 
     def _begin(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
+
+    def _migrate(self) -> None:
+        _wait_busy(super()._migrate)
+
+
+def _wait_busy(step: Callable[[], object]) -> None:
+    """Run `step`, retrying while SQLite says the database is busy or locked, up to `BUSY_TIMEOUT_MS`.
+
+    SQLite returns SQLITE_BUSY at once, without calling the busy handler, when waiting could
+    deadlock, e.g. two connections switching one new file to WAL together, or upgrading a read
+    to a write. Instances starting together on a fresh ring do exactly that: wait, do not fail.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if ("locked" not in text and "busy" not in text) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 class _AutoTx:
