@@ -16,6 +16,7 @@ import typer
 from mrtr_keys.cli import (
     audit_cmd,
     clients_cmd,
+    health_cmd,
     init_cmd,
     inspect_cmd,
     keys_cmd,
@@ -97,6 +98,7 @@ def version_cmd(json_: JsonOpt = False) -> None:
 
 app.command("rewrap")(rewrap_cmd.rewrap)
 app.command("serve")(serve_cmd.serve)
+app.command("health")(health_cmd.health)
 app.add_typer(clients_cmd.app, name="clients")
 app.add_typer(keystore_cmd.app, name="keystore")
 

@@ -11,8 +11,12 @@ from mrtr_keys.cli.options import KeystoreOpt
 
 def serve(
     keystore_: KeystoreOpt = None,
-    host: Annotated[str | None, typer.Option("--host", help="Listen address [default: 127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="TCP port [default: 8750].")] = None,
+    host: Annotated[
+        str | None, typer.Option("--host", envvar="MRTR_KEYS_HOST", help="Listen address [default: 127.0.0.1].")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", envvar="MRTR_KEYS_PORT", help="TCP port [default: 8750].")
+    ] = None,
     uds: Annotated[
         str | None, typer.Option("--uds", help="Listen on this Unix socket (created mode 0600) instead of TCP.")
     ] = None,

@@ -88,15 +88,22 @@ def add_key_source_options(parser: argparse.ArgumentParser) -> None:
         const="sdk-default",
         help="seal with the MCP SDK's per-process ephemeral key (retries on another process are rejected)",
     )
+    source.add_argument(
+        "--sidecar",
+        metavar="URL",
+        help="seal through a sealing sidecar (http://HOST:PORT or unix:///PATH); the client secret comes from "
+        "MRTR_KEYS_SIDECAR_SECRET",
+    )
     parser.set_defaults(key_source="ring")
 
 
 def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
     """Extra keyword arguments for `mrtr_keys.request_state_security` from the key-source flags.
 
-    Empty for ``--codec-from-ring``; a key source routed through `request_state_security` (a sidecar,
-    say) returns its options here.
+    Empty for ``--codec-from-ring``; ``--sidecar URL`` gives ``sidecar=URL``.
     """
+    if getattr(args, "sidecar", None):
+        return {"sidecar": args.sidecar}
     return {}
 
 
