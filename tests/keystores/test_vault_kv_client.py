@@ -1,0 +1,35 @@
+"""The vault-kv keystore shares the transit codec's Vault client (issue 12): a namespace and a TLS server
+verified with a CA bundle work as for transit, from the same settings."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.keystores.vault_kv import VaultKVKeystore
+from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.rotation import run_step
+from tests.fixtures.openbao import OpenBao
+
+
+def test_a_ring_in_a_namespace(openbao: OpenBao) -> None:
+    namespace = f"team-{secrets.token_hex(3)}"
+    openbao.api("POST", f"sys/namespaces/{namespace}", {})
+    openbao.api("POST", f"{namespace}/sys/mounts/kv", {"type": "kv", "options": {"version": "2"}})
+    settings = VaultSettings(addr=openbao.addr, token=openbao.token, namespace=namespace)
+    store = VaultKVKeystore("kv", "mrtr/keyring", client=VaultClient(settings))
+    ring = create_ring(store).ring
+    assert store.load() == ring and store.revision() == "1"
+    stored = openbao.api("GET", f"{namespace}/kv/data/mrtr/keyring")["data"]
+    assert stored["metadata"]["version"] == 1  # type: ignore[index]
+
+
+@pytest.mark.e2e  # a second OpenBao server
+def test_a_ring_over_tls_verified_with_the_ca_bundle(openbao_tls: OpenBao) -> None:
+    settings = VaultSettings(addr=openbao_tls.addr, token=openbao_tls.token, ca_cert=str(openbao_tls.ca_cert))
+    store = VaultKVKeystore("secret", "mrtr/tls", client=VaultClient(settings))
+    create_ring(store)
+    assert run_step(store, "begin").ring.generation == 2
+    assert store.revision() == "2" and store.load().generation == 2
