@@ -49,9 +49,20 @@ def user_state_dir(keystore_url: str) -> Path:
 
     The last part is the URL made file-name safe plus 8 hex characters of its SHA-256, so two
     keystores never share one and the name still says which ring it serves.
+
+    Raises:
+        ConfigError: no ``XDG_STATE_HOME`` and no home directory.
     """
     base = os.environ.get("XDG_STATE_HOME") or ""
-    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".local" / "state"
+    if base and Path(base).is_absolute():
+        root = Path(base)
+    else:
+        try:
+            root = Path.home() / ".local" / "state"
+        except (RuntimeError, KeyError):  # no HOME and no passwd entry (a container's arbitrary uid)
+            raise ConfigError(
+                f"no home directory for a per-user state directory; set --state-dir or {ENV_STATE_DIR}"
+            ) from None
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", keystore_url.split("://", 1)[-1]).strip("-.")[:60] or "keystore"
     digest = hashlib.sha256(keystore_url.encode("utf-8")).hexdigest()[:8]
     return root / "mrtr-keys" / f"{slug}-{digest}"
