@@ -29,7 +29,8 @@ AuditOpt = Annotated[
     typer.Option(
         "--audit",
         envvar="MRTR_KEYS_AUDIT",
-        help="Audit store: sqlite:///PATH, postgresql://..., jsonl:///PATH or off [default: audit.db beside the ring].",
+        help="Audit store: sqlite:///PATH, postgresql://..., jsonl:///PATH or off "
+        "[default: audit.db in the state directory].",
         show_default=False,
     ),
 ]
@@ -342,7 +343,7 @@ def checkpoint(
             "--to",
             envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
             help="Append the checkpoint here: a place the store's writers cannot rewrite "
-            "[default: audit-checkpoints.jsonl beside the ring].",
+            "[default: audit-checkpoints.jsonl in the state directory].",
         ),
     ] = None,
     json_: JsonOpt = False,

@@ -16,7 +16,7 @@ ClientsOpt = Annotated[
     typer.Option(
         "--clients",
         envvar="MRTR_KEYS_CLIENTS",
-        help="Client registry file [default: clients.json beside the key ring].",
+        help="Client registry file [default: clients.json in the state directory].",
         show_default=False,
     ),
 ]

@@ -28,7 +28,9 @@ def serve(
     config: Annotated[str | None, typer.Option("--config", help="TOML file with a [sidecar] table.")] = None,
     clients: Annotated[
         str | None,
-        typer.Option("--clients", envvar="MRTR_KEYS_CLIENTS", help="Client registry file [default: beside the ring]."),
+        typer.Option(
+            "--clients", envvar="MRTR_KEYS_CLIENTS", help="Client registry [default: clients.json in the state dir]."
+        ),
     ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Log lines as text or json [default: text].")

@@ -214,7 +214,8 @@ def _client_from_json(entry: object, index: int) -> Client:
 
 
 def registry_path(keystore_directory: Path | None, override: str | os.PathLike[str] | None = None) -> Path:
-    """Where the registry lives: `override`, else ``MRTR_KEYS_CLIENTS``, else ``clients.json`` beside the ring."""
+    """Where the registry lives: `override`, else ``MRTR_KEYS_CLIENTS``, else ``clients.json`` in the
+    state directory (`keystore_directory`, `Keystore.directory`)."""
     if override is not None and str(override):
         return Path(override).expanduser().absolute()
     env = os.environ.get(ENV_CLIENTS)

@@ -5,7 +5,7 @@ over the file, the file wins over the defaults::
 
     [sidecar]
     keystore = "/var/lib/mrtr/keyring.json"   # else --keystore / MRTR_KEYS_KEYSTORE
-    clients = "/var/lib/mrtr/clients.json"    # else MRTR_KEYS_CLIENTS, else beside the ring
+    clients = "/var/lib/mrtr/clients.json"    # else MRTR_KEYS_CLIENTS, else the state directory
     host = "127.0.0.1"
     port = 8750
     uds = "/run/mrtr/sidecar.sock"            # listen on a Unix socket (mode 0600) instead of TCP
