@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# the fast loop: every test but the end-to-end ones (marker e2e: subprocess servers, OpenBao, moto, the CLI)
+fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider
 
 # make bench BENCH_ARGS='--docs' also refreshes docs/performance.md; BENCH_ARGS='sidecar' runs one part
 bench: $(STAMP)

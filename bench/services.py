@@ -1,6 +1,7 @@
 """Services the benchmark starts itself (OpenBao dev server, moto server, the sidecar) and always stops.
 
-Everything listens on a free 127.0.0.1 port and lives under one temporary directory.
+Everything listens on a free 127.0.0.1 port and lives under one temporary directory. The launchers,
+ports and the counting proxy are the tests' own (`tests.support`), so the two cannot drift apart.
 `Services` starts each one lazily on first use, so `python -m bench cli_time` never
 starts OpenBao; `close()` (or leaving the `with` block) stops all of them, even after
 an error or Ctrl-C.
@@ -9,9 +10,7 @@ an error or Ctrl-C.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,39 +21,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.support.net import stop_process
+from tests.support.proxy import CountingProxy
+from tests.support.services import start_moto, start_openbao
+
+__all__ = ["AUDIENCE", "VAULT_TOKEN", "CountingProxy", "Services", "module_available", "rss_kib"]
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 VAULT_TOKEN = "root"
 AUDIENCE = "bench"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, *, proc: subprocess.Popen[Any] | None = None, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening on port {port}")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
-
-
-def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
 
 
 def module_available(name: str) -> bool:
@@ -103,26 +79,13 @@ class OpenBao:
     """
 
     def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.addr = f"http://127.0.0.1:{self.port}"
-        self._log = open(workdir / "openbao.log", "wb")
         config = workdir / "openbao-audit.hcl"
         audit_log = workdir / "openbao-audit.log"
         config.write_text(f'audit "file" "bench" {{\n  options {{\n    file_path = "{audit_log}"\n  }}\n}}\n')
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "bao"),
-                "server",
-                "-dev",
-                f"-dev-listen-address=127.0.0.1:{self.port}",
-                f"-dev-root-token-id={VAULT_TOKEN}",
-                f"-config={config}",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HOME": str(workdir), "BAO_LOG_LEVEL": "warn"},
-        )
-        wait_for_port(self.port, proc=self.proc)
+        self._server = start_openbao(workdir, token=VAULT_TOKEN, config=config, env={"BAO_LOG_LEVEL": "warn"})
+        self.proc = self._server.proc
+        self.port = self._server.port
+        self.addr = self._server.url
         self._wait_unsealed()
         self.request("POST", "/v1/sys/mounts/transit", {"type": "transit"})
 
@@ -150,24 +113,17 @@ class OpenBao:
         return {"VAULT_ADDR": self.addr, "VAULT_TOKEN": VAULT_TOKEN, "BAO_ADDR": self.addr, "BAO_TOKEN": VAULT_TOKEN}
 
     def stop(self) -> None:
-        stop(self.proc)
-        self._log.close()
+        self._server.stop()
 
 
 class Moto:
     """moto in server mode (``python -m moto.server``, a subprocess) for KMS."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(workdir / "moto.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-        wait_for_port(self.port, proc=self.proc)
+        self._server = start_moto(workdir)
+        self.proc = self._server.proc
+        self.port = self._server.port
+        self.url = self._server.url
 
     def env(self) -> dict[str, str]:
         return {
@@ -179,8 +135,7 @@ class Moto:
         }
 
     def stop(self) -> None:
-        stop(self.proc)
-        self._log.close()
+        self._server.stop()
 
 
 class Services(AbstractContextManager["Services"]):
@@ -218,7 +173,7 @@ class Services(AbstractContextManager["Services"]):
 
     def close(self) -> None:
         for proc in reversed(self._procs):
-            stop(proc)
+            stop_process(proc)
         self._procs.clear()
         for proxy in self._proxies:
             proxy.close()
@@ -235,65 +190,3 @@ class Services(AbstractContextManager["Services"]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-class CountingProxy:
-    """A loopback TCP forwarder that counts the HTTP requests going through it (`requests`).
-
-    Used to prove that a data-key codec makes no call to its key service per token:
-    the codec is pointed at the proxy, and the count is read before and after the loop.
-    A request is counted by its request line (``... HTTP/1.1``) in the client-to-server stream.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        import threading
-
-        self.target_port = target_port
-        self.requests = 0
-        self.bytes_up = 0
-        self._lock = threading.Lock()
-        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._server.bind(("127.0.0.1", 0))
-        self._server.listen(64)
-        self.port = int(self._server.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import threading
-
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if up:
-                    with self._lock:
-                        self.bytes_up += len(data)
-                        self.requests += data.count(b" HTTP/1.1\r\n")
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()

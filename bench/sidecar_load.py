@@ -24,13 +24,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.services import add_client_cli, start_sidecar_process
+
 from bench.common import Settings, envelope_payload
 from bench.report import Row, spread_of
-from bench.services import AUDIENCE, VAULT_TOKEN, Services, free_port, module_available, wait_for_port
+from bench.services import AUDIENCE, VAULT_TOKEN, Services, module_available
 from bench.timing import median, paired_ratio
 
 PART = "sidecar_load"
@@ -71,7 +74,9 @@ def ensure_wrk() -> str | None:
     return shutil.which("wrk")
 
 
-def start_sidecar(services: Services, *, workers: int = SIDECAR_WORKERS, name: str = "sidecar") -> Sidecar:
+def start_sidecar(
+    services: Services, *, workers: int = SIDECAR_WORKERS, name: str = "sidecar", extra: Sequence[str] = ()
+) -> Sidecar:
     """A local ring, a bench client, and ``mrtr-keys serve`` on a free port (stopped by `services.close()`)."""
     from mrtr_keys.keystores.file import FileKeystore
     from mrtr_keys.ring.create import create_ring
@@ -80,29 +85,12 @@ def start_sidecar(services: Services, *, workers: int = SIDECAR_WORKERS, name: s
     home.mkdir()
     ring = home / "keyring.json"
     create_ring(FileKeystore(ring))
-    env = {**os.environ, "MRTR_KEYS_KEYSTORE": str(ring)}
-    out = subprocess.run(
-        [*CLI, "clients", "add", "bench", "--audience", AUDIENCE, "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
+    secret = add_client_cli(ring, "bench", AUDIENCE)
+    service = start_sidecar_process(
+        ring, workdir=home, args=["--workers", str(workers), "--reload-interval", "60", *extra], ready_path="/readyz"
     )
-    secret = json.loads(out.stdout)["secret"]
-    port = free_port()
-    log = open(home / "sidecar.log", "wb")
-    proc = services.track(
-        subprocess.Popen(
-            [*CLI, "serve", "--port", str(port), "--workers", str(workers), "--reload-interval", "60"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    )
-    wait_for_port(port, proc=proc)
-    sidecar = Sidecar(f"http://127.0.0.1:{port}", secret, proc.pid)
-    _wait_ready(sidecar)
-    return sidecar
+    services.track(service.proc)
+    return Sidecar(service.url, secret, service.proc.pid)
 
 
 def _wait_ready(sidecar: Sidecar) -> None:

@@ -1,6 +1,7 @@
 """Loads every fixture module under tests/fixtures/ (one module per service or concern)."""
 
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -9,3 +10,44 @@ pytest.register_assert_rewrite("tests.fixtures", "tests.e2e")
 import tests.fixtures  # noqa: E402
 
 pytest_plugins = [f"tests.fixtures.{m.name}" for m in pkgutil.iter_modules(tests.fixtures.__path__)]
+
+
+E2E_DIRS = frozenset({"e2e", "bench", "cli"})
+"""Directories that are end to end as a whole (real MCP flows, the benchmark, the CLI in subprocesses)."""
+E2E_FIXTURES = frozenset({"openbao", "openbao_tls", "moto_server", "sidecar_factory", "contract_sidecars", "cli"})
+"""Fixtures that start a real service or run the CLI in a subprocess: a test using one is end to end."""
+E2E_MODULES = frozenset(
+    {
+        "audit/test_cli.py",
+        "audit/test_gates.py",
+        "audit/test_process_writer.py",
+        "service/test_api.py",
+        "service/test_reload.py",
+        "service/test_clients_and_config.py",
+        "keystores/test_file.py::test_a_writer_gives_up_on_a_held_lock_with_exit_75_and_changes_nothing",
+    }
+)
+"""Modules (or single tests) that start processes without one of those fixtures."""
+E2E_PARAMS = frozenset({"sidecar", "kms", "vault-remote", "vault-datakey"})
+"""Parameters naming a codec whose backend is a real service (a fixture fetched by name at run time)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark end-to-end tests ``e2e`` (see the sets above): ``pytest -m "not e2e"`` is the fast loop."""
+    root = Path(__file__).parent
+    for item in items:
+        rel = item.path.relative_to(root)
+        name = rel.as_posix()
+        if (
+            rel.parts[0] in E2E_DIRS
+            or name in E2E_MODULES
+            or f"{name}::{item.originalname}" in E2E_MODULES  # type: ignore[attr-defined]
+            or E2E_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            or _service_param(item)
+        ):
+            item.add_marker(pytest.mark.e2e)
+
+
+def _service_param(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(isinstance(v, str) and v in E2E_PARAMS for v in callspec.params.values())

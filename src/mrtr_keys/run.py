@@ -4,7 +4,8 @@ On first run it creates, under ``./.mrtr/``: a local key ring (``keyring.json``)
 registry (``clients.json``) with one client, ``demo``, granted the audience ``demo``, and that
 client's secret in ``sidecar.secret`` (mode 0600; its path is printed, never the secret). Then it
 serves on ``127.0.0.1:8750`` (``MRTR_KEYS_PORT`` to change) and prints how to plug an MCP server in.
-Later runs reuse what is there.
+Later runs reuse what is there. A port that is not a port or is in use is one line on stderr, exit 2,
+before anything is created or printed. Environment variables: docs/sidecar.md ("Environment").
 """
 
 from __future__ import annotations
@@ -48,13 +49,27 @@ def prepare(state_dir: Path = STATE_DIR) -> tuple[Path, Path, Path]:
     return ring_path, registry, secret_path
 
 
+ENV_PORT = "MRTR_KEYS_PORT"
+DEFAULT_PORT = 8750
+
+
+def _port(text: str) -> int:
+    """`text` as a TCP port. Raises `ConfigError` naming ``MRTR_KEYS_PORT`` otherwise."""
+    from mrtr_keys.errors import ConfigError
+
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
+        return int(text)
+    raise ConfigError(f"{ENV_PORT} must be an integer from 1 to 65535, not {text!r}")
+
+
 def main() -> int:
     from mrtr_keys.service.config import ServiceConfig
-    from mrtr_keys.service.server import serve
+    from mrtr_keys.service.server import check_listen_address, serve
 
     try:
+        port = _port(os.environ.get(ENV_PORT, str(DEFAULT_PORT)))
+        check_listen_address("127.0.0.1", port)
         ring_path, registry, secret_path = prepare()
-        port = int(os.environ.get("MRTR_KEYS_PORT", "8750"))
         config = ServiceConfig(keystore=str(ring_path), clients=str(registry), host="127.0.0.1", port=port)
         url = f"http://127.0.0.1:{port}"
         print(

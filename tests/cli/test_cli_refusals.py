@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.fixtures.common import CliResult, free_port, run_cli
+from tests.fixtures.common import CliResult, run_cli
 
 
 def one_line(r: CliResult, code: int, fragment: str) -> None:
@@ -15,10 +15,10 @@ def one_line(r: CliResult, code: int, fragment: str) -> None:
 
 
 def test_serve_on_a_port_in_use_is_a_one_line_configuration_error(keystore_path: Path) -> None:
-    port = free_port()
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port))
+        taken.bind(("127.0.0.1", 0))
         taken.listen()
+        port = taken.getsockname()[1]
         one_line(run_cli("serve", "--port", str(port), keystore=keystore_path), 2, f"cannot listen on 127.0.0.1:{port}")
 
 

@@ -29,7 +29,8 @@ from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
 from mrtr_keys.ring.rotation import run_step
-from tests.fixtures.openbao import OpenBao, TcpProxy
+from tests.fixtures.openbao import OpenBao
+from tests.support.proxy import CountingProxy
 
 MODES = ["remote", "datakey"]
 B64URL_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -178,7 +179,7 @@ def test_a_mode_mismatch_and_a_foreign_ring_are_config_errors(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_vault_stopped_mid_test_is_backend_unavailable_and_the_same_codec_recovers(
-    bao_env: dict[str, str], bao_proxy: TcpProxy, transit_key: str, tmp_path: Path, mode: str
+    bao_env: dict[str, str], bao_proxy: CountingProxy, transit_key: str, tmp_path: Path, mode: str
 ) -> None:
     """Issue 6: Vault unreachable is the distinct `BackendUnavailable` (never InvalidRequestState), and the
     codec works again once the server is back, without being rebuilt."""

@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ElicitResult, InputRequiredResult, TextContent
 
 from mrtr_keys.example.app import QUESTION_KEY, TOOL_NAME
-from tests.fixtures.common import free_port, stop_process
+from tests.support.net import IN_USE, free_port, stop_process
 
 RING_KEY: tuple[str, ...] = ("--codec-from-ring",)
 """Key-source flags: the codec the key ring records (the default)."""
@@ -52,6 +52,9 @@ class ExampleServer:
     log_path: Path
     args: list[str] = field(default_factory=list)
     ready: bool = False
+    retries: int = 0
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    cwd: str | os.PathLike[str] | None = None
 
     @property
     def url(self) -> str:
@@ -100,15 +103,37 @@ class ServerPool:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
     ) -> ExampleServer:
-        """Start `args` (a server command line that listens on 127.0.0.1:`port`), logging to a file."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{instance}-{port}.log"
+        """Start `args` (a server command line that listens on 127.0.0.1:`port`), logging to a file.
+
+        If the port turns out to be taken (someone bound it after `free_port`), `wait_ready` starts the
+        server again with every ``port`` argument replaced by a new free port: read `ExampleServer.port`
+        after `wait_ready`.
+        """
         full_env = {**os.environ, **self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
-        server = ExampleServer(instance, port, proc, log_path, list(args))
+        proc, log_path = self._popen(list(args), instance, port, full_env, cwd)
+        server = ExampleServer(instance, port, proc, log_path, list(args), env=full_env, cwd=cwd)
         self.servers.append(server)
         return server
+
+    def _popen(
+        self, args: list[str], instance: str, port: int, env: dict[str, str], cwd: str | os.PathLike[str] | None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{instance}-{port}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        return proc, log_path
+
+    def _respawn(self, server: ExampleServer) -> bool:
+        """Start `server` again on a new port if it exited because its port was taken; else False."""
+        if server.retries >= 5 or IN_USE not in server.output().lower():
+            return False
+        old, new = str(server.port), str(free_port())
+        server.args = [new if a == old else a.replace(f":{old}", f":{new}") for a in server.args]
+        server.port = int(new)
+        server.retries += 1
+        server.proc, server.log_path = self._popen(server.args, server.instance, server.port, server.env, server.cwd)
+        return True
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until every launched server accepts connections (uvicorn binds after app startup).
@@ -124,6 +149,8 @@ class ServerPool:
         while pending:
             for server in list(pending):
                 if server.proc.poll() is not None:
+                    if self._respawn(server):
+                        continue
                     raise RuntimeError(
                         f"example server {server.instance} exited with {server.proc.returncode}:\n{server.output()}"
                     )

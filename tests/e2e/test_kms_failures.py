@@ -18,24 +18,27 @@ from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
-from tests.fixtures.common import run_cli, stop_process
-from tests.fixtures.moto_kms import KMSEnv, aws_env, start_moto
+from tests.fixtures.common import run_cli
+from tests.fixtures.moto_kms import KMSEnv, aws_env
+from tests.support.proxy import CountingProxy
 
 
-def test_kms_server_stopped_before_load(kms: KMSEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    proc, url = start_moto()  # a KMS of its own, to stop
-    try:
-        env = aws_env(url)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        import boto3
+def test_kms_server_stopped_before_load(
+    kms: KMSEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    proxy = CountingProxy(int(kms.moto_url.rsplit(":", 1)[1]))  # a KMS endpoint of its own, to take down
+    url = proxy.url
+    env = aws_env(url)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    import boto3
 
-        arn = boto3.client("kms").create_key()["KeyMetadata"]["Arn"]
-        path = tmp_path / "keyring.json"
-        create_ring(FileKeystore(path), codec=CodecSpec("kms", {"kms_key_id": arn}))
-        kid = FileKeystore(path).load().primary.kid
-    finally:
-        stop_process(proc)
+    arn = boto3.client("kms").create_key()["KeyMetadata"]["Arn"]
+    path = tmp_path / "keyring.json"
+    create_ring(FileKeystore(path), codec=CodecSpec("kms", {"kms_key_id": arn}))
+    kid = FileKeystore(path).load().primary.kid
+    proxy.stop()  # refused from now on (the port stays reserved)
+    request.addfinalizer(proxy.close)
 
     with pytest.raises(BackendUnavailable) as info:
         KMSEnvelopeCodec(path, audience="svc", settings=KMSSettings(connect_timeout=1, read_timeout=1, max_attempts=2))

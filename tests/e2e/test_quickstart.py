@@ -14,7 +14,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import InputRequiredResult
 
 from tests.e2e.servers import ServerPool, first_round
-from tests.fixtures.common import REPO, free_port
+from tests.fixtures.common import REPO
+from tests.support.net import free_port, refused_port
 
 QUICKSTART = (REPO / "docs" / "quickstart.md").read_text()
 INIT = "mrtr-keys init"
@@ -61,6 +62,7 @@ def test_init_then_the_example_server_then_the_client(tmp_path: Path, example_se
     port = free_port()
     server = example_servers.spawn(_argv(SERVE, port), port=port, instance="quickstart", cwd=tmp_path)
     example_servers.wait_ready()
+    port = server.port  # another one if that port was taken meanwhile
     banner = server.output()
     assert f"URL:          http://127.0.0.1:{port}/mcp" in banner
     assert CALL.format(port=port) in banner  # it prints how to call it
@@ -90,7 +92,8 @@ def test_the_example_server_refuses_a_bad_configuration_in_one_line_exit_2(
         from mrtr_keys.ring.create import create_ring
 
         create_ring(FileKeystore(ring), audiences=ring_audiences)
-    code = main(["--keystore", str(ring), "--port", str(free_port()), *args])
+    with refused_port() as port:
+        code = main(["--keystore", str(ring), "--port", str(port), *args])
     out, err = capsys.readouterr()
     assert code == 2
     assert out == ""

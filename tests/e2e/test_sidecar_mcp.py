@@ -28,8 +28,8 @@ from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.create import create_ring
 from tests.e2e.fleet import INVALID_REQUEST_STATE
 from tests.e2e.servers import first_round, retry_round, text_of
-from tests.fixtures.common import free_port
 from tests.fixtures.sidecar import Sidecar, start_sidecar
+from tests.support.net import refused_port
 
 AUD = "provisioner"
 
@@ -112,11 +112,12 @@ def test_over_a_unix_socket(keystore_path: Path, sidecar_factory: Any, tmp_path:
 
 def test_unreachable_sidecar_is_backend_unavailable_and_the_sdk_fails_closed(sidecar: Sidecar) -> None:
     """Issue 4: unreachable -> BackendUnavailable (not InvalidRequestState); the SDK call fails, never passes."""
-    codec = SidecarCodec(f"http://127.0.0.1:{free_port()}", audience=AUD, secret="mks_x", timeout=1)
-    with pytest.raises(BackendUnavailable):
-        codec.seal(b"x")
-    with pytest.raises(BackendUnavailable):
-        codec.unseal("mk1.AAAA")
+    with refused_port() as port:
+        codec = SidecarCodec(f"http://127.0.0.1:{port}", audience=AUD, secret="mks_x", timeout=1)
+        with pytest.raises(BackendUnavailable):
+            codec.seal(b"x")
+        with pytest.raises(BackendUnavailable):
+            codec.unseal("mk1.AAAA")
     secret = sidecar.add_client("p", [AUD])
     security = mrtr_keys.request_state_security(sidecar=sidecar.url, secret=secret, audience=AUD)
     server = build_server(security, name=AUD)

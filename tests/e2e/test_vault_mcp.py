@@ -26,7 +26,8 @@ from mrtr_keys.ring.model import CodecSpec
 from mrtr_keys.ring.rotation import run_step
 from tests.e2e.fleet import INVALID_REQUEST_STATE, run_fleet_round_trip
 from tests.e2e.servers import first_round, retry_round, text_of
-from tests.fixtures.openbao import OpenBao, TcpProxy
+from tests.fixtures.openbao import OpenBao
+from tests.support.proxy import CountingProxy
 
 PREFIX = {"remote": "mkv1.", "datakey": "mk1."}
 
@@ -74,7 +75,7 @@ def test_in_memory_flow_across_a_rotation(bao_env: dict[str, str], transit_key: 
 
 
 def test_vault_down_fails_the_round_closed_and_the_server_recovers(
-    bao_env: dict[str, str], bao_proxy: TcpProxy, transit_key: str, tmp_path: Path
+    bao_env: dict[str, str], bao_proxy: CountingProxy, transit_key: str, tmp_path: Path
 ) -> None:
     """Issue 6: Vault unreachable is BackendUnavailable inside the codec; the SDK turns a failing seal into
     -32603 and a failing unseal into its frozen -32602, and the same server works once Vault is back."""

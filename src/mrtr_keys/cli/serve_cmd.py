@@ -69,10 +69,9 @@ def _check_listen_address(host: str, port: int) -> None:
         ConfigError: the port is in use or the address is not this host's.
     """
     import ipaddress
-    import socket
 
     from mrtr_keys.cli.output import error
-    from mrtr_keys.errors import ConfigError
+    from mrtr_keys.service.server import check_listen_address
 
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -83,10 +82,4 @@ def _check_listen_address(host: str, port: int) -> None:
             f"warning: listening on {host}, not loopback: bearer secrets and tokens cross the network in clear "
             "text unless a TLS proxy or a private network carries them (docs/sidecar.md)"
         )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    check_listen_address(host, port)

@@ -56,6 +56,21 @@ def bind_unix_socket(path: str | os.PathLike[str]) -> socket.socket:
     return sock
 
 
+def check_listen_address(host: str, port: int) -> None:
+    """Bind `host`:`port` once, as uvicorn will (SO_REUSEADDR), and let go: fail before printing anything.
+
+    Raises:
+        ConfigError: the port is in use or the address is not this host's (one line, exit 2).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 HTTP_PROTOCOL = "mrtr_keys.service.protocol:CorkedHttpToolsProtocol"
 """httptools, one socket write per response (see `mrtr_keys.service.protocol`)."""
 
