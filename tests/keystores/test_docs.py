@@ -22,9 +22,10 @@ from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
 from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.rotation import run_step
-from tests.fixtures.common import REPO, free_port, run_cli, stop_process, wait_for_port
+from tests.fixtures.common import REPO, run_cli
 from tests.fixtures.moto_kms import AWS_ENV, REGION, KMSEnv
 from tests.fixtures.openbao import OpenBao
+from tests.support.services import start_moto
 
 pytestmark = pytest.mark.e2e
 
@@ -104,20 +105,13 @@ def test_the_vault_policies_read_and_write_as_documented(openbao: OpenBao, tmp_p
 
 
 @pytest.fixture
-def moto_with_iam() -> Iterator[str]:
+def moto_with_iam(tmp_path: Path) -> Iterator[str]:
     """A moto server that enforces IAM after its first 6 actions (the set-up below makes exactly 6)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **AWS_ENV, "INITIAL_NO_AUTH_ACTION_COUNT": "6"},
-    )
+    server = start_moto(tmp_path / "moto-iam", env={**AWS_ENV, "INITIAL_NO_AUTH_ACTION_COUNT": "6"})
     try:
-        wait_for_port(port, proc=proc, timeout=60)
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        stop_process(proc)
+        server.stop()
 
 
 def test_the_iam_actions_read_and_write_as_documented(moto_with_iam: str, tmp_path: Path) -> None:

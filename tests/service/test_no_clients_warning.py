@@ -26,13 +26,15 @@ def test_health_command_answers_for_a_running_sidecar_and_fails_for_none(
     keystore_path: Path, sidecar_factory: Any
 ) -> None:
     """`mrtr-keys health` (the image's HEALTHCHECK, exec probes): exit 0 with a line, or 1 saying why."""
-    from tests.fixtures.common import free_port, run_cli
+    from tests.fixtures.common import run_cli
+    from tests.support.net import refused_port
 
     sidecar = sidecar_factory(keystore_path)
     ok = run_cli("health", "--url", sidecar.url)
     assert ok.code == 0 and ok.out == f"ok: {sidecar.url}/healthz answered 200\n"
     ready = run_cli("health", "--ready", "--json", env={"MRTR_KEYS_PORT": sidecar.url.rsplit(":", 1)[1]})
     assert ready.code == 0 and ready.json() == {"url": sidecar.url, "path": "/readyz", "status": 200}
-    closed = f"http://127.0.0.1:{free_port()}"
-    down = run_cli("health", "--url", closed, "--wait", "0.5")
+    with refused_port() as port:
+        closed = f"http://127.0.0.1:{port}"
+        down = run_cli("health", "--url", closed, "--wait", "0.5")
     assert down.code == 1 and down.err == f"mrtr-keys: sidecar at {closed} did not answer /healthz: ConnectError\n"
