@@ -25,8 +25,9 @@ from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.keystores import REMOTE_KINDS
 from tests.fixtures.moto_kms import AWS_ENV, REGION
-from tests.fixtures.openbao import OpenBao, TcpProxy
+from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar, start_sidecar
+from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -39,24 +40,21 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     name = f"mrtr-fleet/{tmp_path.name}"
     if request.param == "vault-kv":
         bao: OpenBao = request.getfixturevalue("openbao")
-        proxy = TcpProxy(int(bao.addr.rsplit(":", 1)[1]))
+        proxy = CountingProxy(int(bao.addr.rsplit(":", 1)[1]))
         direct: Any = VaultKVKeystore(
             "secret", name, client=VaultClient(VaultSettings(addr=bao.addr, token=bao.token)), state_dir=tmp_path / "w"
         )
-        env = {"BAO_TOKEN": bao.token, "BAO_ADDR": proxy.addr, "BAO_MAX_RETRIES": "0", "BAO_CLIENT_TIMEOUT": "2"}
+        env = {"BAO_TOKEN": bao.token, "BAO_ADDR": proxy.url, "BAO_MAX_RETRIES": "0", "BAO_CLIENT_TIMEOUT": "2"}
     else:
         moto: str = request.getfixturevalue("moto_server")
-        proxy = TcpProxy(int(moto.rsplit(":", 1)[1]))
+        proxy = CountingProxy(int(moto.rsplit(":", 1)[1]))
         client = boto3.client(
             "secretsmanager", endpoint_url=moto, region_name=REGION, aws_access_key_id="t", aws_secret_access_key="x"
         )
         direct = SecretsManagerKeystore(name, client=client, state_dir=tmp_path / "w")
-        env = {**AWS_ENV, "AWS_ENDPOINT_URL": proxy.addr, "MRTR_KEYS_KMS_MAX_ATTEMPTS": "1"}
-    proxy.start()
-    try:
+        env = {**AWS_ENV, "AWS_ENDPOINT_URL": proxy.url, "MRTR_KEYS_KMS_MAX_ATTEMPTS": "1"}
+    with proxy:
         yield direct.url, direct, proxy, env
-    finally:
-        proxy.stop()
 
 
 def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_path: Path) -> None:
