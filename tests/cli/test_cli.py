@@ -101,7 +101,7 @@ def test_keys_list_shows_kids_states_and_times_never_material(keystore: FileKeys
     ring = keystore.load()
     assert data["generation"] == 2 and data["codec"] == "local"
     assert [(k["kid"], k["state"]) for k in data["keys"]] == [(k.kid, k.state.value) for k in ring.keys]
-    assert set(data["keys"][0]) == {"kid", "state", "created_at", "promoted_at", "demoted_at", "retired_at"}
+    assert set(data["keys"][0]) == {"kid", "state", "format", "created_at", "promoted_at", "demoted_at", "retired_at"}
     assert ring.primary.kid in ok(table).out
     for material in materials(keystore.path):
         assert material not in as_json.out + table.out

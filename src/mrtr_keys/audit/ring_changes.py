@@ -4,7 +4,8 @@ Each saved change (``init``, ``begin``, ``promote``, ``retire``, ``rewrap``, ``a
 one event, written synchronously: ``kid`` is the key the step is about (the new key for init,
 begin and promote, the old one for retire), ``generation`` the ring's generation after the
 change, ``reason`` is ``forced`` for a step run with ``--force`` past a gate (or ``added`` /
-``removed`` for an audience change, whose name is in ``audience``).
+``removed`` for an audience change, whose name is in ``audience``; ``sdk-v1`` for an ``init`` from
+the MCP SDK's keys, `mrtr_keys.ring.create.create_ring_from_sdk_keys`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
         kid = ",".join(str(k) for k in rewrapped) or None
     else:
         kid = details.get("new") or result.ring.primary.kid
+        if op == "init" and details.get("format") == "sdk-v1":
+            reason = reason or "sdk-v1"  # a ring started from the MCP SDK's keys (docs/migration.md)
     return AuditEvent(
         time=format_ts(time.time() if now is None else now),
         instance=instance_id(),

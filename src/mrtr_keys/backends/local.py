@@ -9,8 +9,9 @@ from typing import Any
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX, describe_token
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.sdk_v1 import SDK_PREFIX, describe_sdk_token
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.model import KEY_BYTES, CodecSpec, Key, KeyRing, KeyState
+from mrtr_keys.ring.model import KEY_BYTES, CodecSpec, Key, KeyFormat, KeyRing, KeyState
 
 
 class LocalBackend:
@@ -32,6 +33,8 @@ class LocalBackend:
         return LocalAESGCMCodec(keystore, audience=audience, observer=observer)
 
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
+        if token.startswith(SDK_PREFIX) and any(k.format is KeyFormat.SDK_V1 for k in ring.keys):
+            return describe_sdk_token(ring, token)  # only a ring adopted from MCP SDK keys opens v1. tokens
         if not token.startswith(TOKEN_PREFIX):
             return None
         return describe_token(ring, token)

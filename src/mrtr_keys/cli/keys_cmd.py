@@ -14,16 +14,22 @@ app = typer.Typer(help="Show the key ring's keys; destroy retired ones; change t
 WideOpt = Annotated[bool, typer.Option("--wide", help="Every column, full ISO 8601 times (wider than 80 columns).")]
 KidArg = Annotated[str, typer.Argument(help="Key id (8 hex characters, see: mrtr-keys keys list).")]
 NARROW = ("kid", "state", "created_at", "promoted_at", "retired_at")
-WIDE = ("kid", "state", "created_at", "promoted_at", "demoted_at", "retired_at", "destroyed_at")
+WIDE = ("kid", "state", "format", "created_at", "promoted_at", "demoted_at", "retired_at", "destroyed_at")
 
 
 def _state(row: dict[str, Any]) -> str:
     return "destroyed" if row.get("destroyed_at") else str(row["state"])
 
 
+def _state_and_format(row: dict[str, Any]) -> str:
+    """The state, marked ``sdk`` for a key in the MCP SDK's format (issue 17, docs/migration.md)."""
+    return _state(row) + (" sdk" if row.get("format") == "sdk-v1" else "")
+
+
 @app.command("list")
 def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonOpt = False) -> None:
-    """List keys: kid, state, created / promoted / retired, UTC (--wide: every time, to the microsecond)."""
+    """List keys: kid, state (marked sdk for an MCP SDK key), created / promoted / retired, UTC (--wide:
+    every time, to the microsecond, and the format: mk1 or sdk-v1)."""
     from mrtr_keys.cli.output import print_json, print_table, short_time
 
     ring = keystore(keystore_).load()
@@ -38,7 +44,7 @@ def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonO
         print_table(title, WIDE, [[_state(r) if c == "state" else r.get(c) for c in WIDE] for r in rows])
         return
     headers = ["kid", "state", "created (UTC)", "promoted (UTC)", "retired (UTC)"]
-    table = [[r["kid"], _state(r), *(short_time(r[c]) for c in NARROW[2:])] for r in rows]
+    table = [[r["kid"], _state_and_format(r), *(short_time(r[c]) for c in NARROW[2:])] for r in rows]
     print_table(title, headers, table, compact=True)
 
 

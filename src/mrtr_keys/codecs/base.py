@@ -2,8 +2,9 @@
 
 `KeyRingCodec` loads the ring from a keystore, checks it was made for this codec type,
 refuses an audience outside the ring's scope, builds a token core for the ring (`_make_core`:
-by default the shared `AESGCMTokenCore` over the 32-byte keys `_ring_keys` returns) and
-installs it. Every instance reports the generation it now uses to its observer
+by default the shared `AESGCMTokenCore` over the 32-byte keys `_ring_keys` returns, with the
+MCP SDK's ``v1.`` beside it for a ring adopted from the SDK's keys, `mrtr_keys.codecs.sdk_v1`)
+and installs it. Every instance reports the generation it now uses to its observer
 (``ring_loaded``), at construction and after each `reload()` that switched, which the promote
 gate of the audit log relies on (docs/audit.md).
 
@@ -25,11 +26,11 @@ from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 from mrtr_keys import tracing
-from mrtr_keys.codecs.aesgcm import AESGCMTokenCore
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore
-from mrtr_keys.ring.model import KeyRing, KeyState
+from mrtr_keys.ring.model import KeyRing
 
 log = logging.getLogger("mrtr_keys.codecs")
 
@@ -223,15 +224,10 @@ class KeyRingCodec:
         """Read per-instance settings from the first ring, before its core is built (default: none)."""
 
     def _make_core(self, ring: KeyRing) -> TokenCore:
-        """The token core for `ring`: by default the AES-GCM core over `_ring_keys(ring)`."""
-        retired = frozenset(k.kid for k in ring.keys if k.state is KeyState.RETIRED)
-        return AESGCMTokenCore(
-            self._ring_keys(ring),
-            primary_kid=ring.primary.kid,
-            audience=self._audience,
-            retired=retired,
-            observer=self._observer,
-        )
+        """The token core for `ring`: by default the AES-GCM core over `_ring_keys(ring)`; for a ring
+        holding MCP SDK keys (adopted from ``keys=[...]``), one that seals in the primary's format and
+        opens each token by its prefix (`mrtr_keys.codecs.sdk_v1.build_core`)."""
+        return build_core(ring, self._ring_keys(ring), audience=self._audience, observer=self._observer)
 
     def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:
         """kid -> 32-byte ring key for every usable key (verify and primary)."""

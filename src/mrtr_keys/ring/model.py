@@ -24,6 +24,9 @@ lowering not yet in force waits in ``ttl_lowering`` (``{"ttl_seconds", "requeste
 ``material`` is present for the local codec; codecs whose keys live elsewhere
 (KMS, Vault) keep their per-key fields in ``key_data`` instead (wrapped key,
 KMS key id, encryption context, transit key version).
+
+``format`` (absent = ``mk1``): ``sdk-v1`` keys hold an MCP SDK secret as ``sdk_key`` and seal
+the SDK's ``v1.`` tokens (`mrtr_keys.ring.sdk_keys`, docs/migration.md).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from enum import StrEnum
 from typing import Any
 
 from mrtr_keys.errors import AudienceError, KeyRingError
+from mrtr_keys.ring.sdk_keys import MAX_SDK_KEY_BYTES, MIN_SDK_KEY_BYTES, decode_sdk_key
 from mrtr_keys.token import KID_PATTERN
 
 FORMAT = "mrtr-keys.keyring"
@@ -52,6 +56,13 @@ MAX_TTL_SECONDS = 30 * 24 * 3600.0
 retire gate (promote + TTL + 60 s) must stay a date that can be computed and printed."""
 MAX_GENERATION = 2**53 - 1
 """Largest generation (the largest integer every JSON reader and a PostgreSQL bigint agree on)."""
+
+
+class KeyFormat(StrEnum):
+    """Which token format a key seals and opens (see the module docstring)."""
+
+    MK1 = "mk1"
+    SDK_V1 = "sdk-v1"
 
 
 class KeyState(StrEnum):
@@ -129,6 +140,7 @@ class Key:
     material: bytes | None = field(default=None, repr=False)
     destroyed_at: datetime | None = None
     key_data: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    format: KeyFormat = KeyFormat.MK1
 
     @property
     def usable(self) -> bool:
@@ -150,6 +162,7 @@ class Key:
             "promoted_at": format_time(self.promoted_at),
             "demoted_at": format_time(self.demoted_at),
             "retired_at": format_time(self.retired_at),
+            "format": self.format.value,
         }
         if self.destroyed_at is not None:
             out["destroyed_at"] = format_time(self.destroyed_at)
@@ -241,8 +254,12 @@ class KeyRing:
         keys = []
         for k in self.keys:
             entry = k.describe()
-            if k.material is not None:
-                entry["material"] = base64.b64encode(k.material).decode("ascii")
+            if k.format is KeyFormat.MK1:
+                del entry["format"]  # the default: an mk1 key's entry is what it was before formats existed
+                if k.material is not None:
+                    entry["material"] = base64.b64encode(k.material).decode("ascii")
+            elif k.material is not None:
+                entry["sdk_key"] = base64.b64encode(k.material).decode("ascii")
             if k.key_data:
                 entry["key_data"] = dict(k.key_data)
             keys.append(entry)
@@ -356,14 +373,25 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
         state = KeyState(str(entry.get("state")))
     except ValueError:
         raise KeyRingError(f"key {kid}: state must be verify, primary or retired") from None
+    try:
+        key_format = KeyFormat(str(entry.get("format", KeyFormat.MK1.value)))
+    except ValueError:
+        raise KeyRingError(f"key {kid}: format must be mk1 or sdk-v1") from None
     material: bytes | None = None
     raw_material = entry.get("material")
-    if raw_material is not None:
+    destroyed = parse_time(entry.get("destroyed_at"), f"key {kid} destroyed_at")
+    if key_format is KeyFormat.SDK_V1:
+        if raw_material is not None or codec_type != "local":
+            raise KeyRingError(f"key {kid}: an sdk-v1 key lives only in a local ring, as sdk_key (not material)")
+        if destroyed is None or "sdk_key" in entry:
+            material = decode_sdk_key(entry.get("sdk_key"), kid)
+    elif "sdk_key" in entry:
+        raise KeyRingError(f"key {kid}: sdk_key belongs to an sdk-v1 key (add format: sdk-v1)")
+    elif raw_material is not None:
         material = _decode_material(raw_material, kid)
     key_data = entry.get("key_data", {})
     if not isinstance(key_data, dict):
         raise KeyRingError(f"key {kid}: key_data must be an object")
-    destroyed = parse_time(entry.get("destroyed_at"), f"key {kid} destroyed_at")
     if codec_type == "local" and material is None and destroyed is None:
         raise KeyRingError(f"key {kid}: missing material (base64 of {KEY_BYTES} bytes)")
     created = parse_time(entry.get("created_at"), f"key {kid} created_at")
@@ -379,6 +407,7 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
         material=material,
         key_data=key_data,
         destroyed_at=destroyed,
+        format=key_format,
     )
 
 
@@ -413,7 +442,12 @@ def _validate(ring: KeyRing) -> None:
         if k.kid in seen:
             raise KeyRingError(f"duplicate kid {k.kid}")
         seen.add(k.kid)
-        if k.material is not None and len(k.material) != KEY_BYTES:
+        if k.format is KeyFormat.SDK_V1:
+            if ring.codec.type != "local" or (k.material is None and k.destroyed_at is None):
+                raise KeyRingError(f"key {k.kid}: an sdk-v1 key lives only in a local ring, with its secret")
+            if k.material is not None and not MIN_SDK_KEY_BYTES <= len(k.material) <= MAX_SDK_KEY_BYTES:
+                raise KeyRingError(f"key {k.kid}: an SDK key is {MIN_SDK_KEY_BYTES} to {MAX_SDK_KEY_BYTES} bytes")
+        elif k.material is not None and len(k.material) != KEY_BYTES:
             raise KeyRingError(f"key {k.kid}: material must be {KEY_BYTES} bytes")
         if k.destroyed_at is not None and (k.state is not KeyState.RETIRED or k.material is not None or k.key_data):
             raise KeyRingError(f"key {k.kid}: a destroyed key is retired and has no material or key_data")

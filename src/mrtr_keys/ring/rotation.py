@@ -72,7 +72,11 @@ def status(ring: KeyRing, now: datetime) -> RotationStatus:
     primary = ring.primary
     if not verify:
         return RotationStatus(Phase.IDLE, primary, None, None, "begin", None, 0.0)
-    if len(verify) > 1:
+    if len(verify) > 1 and all(k.demoted_at is not None for k in verify):
+        # Several old keys at once: a ring adopted from the MCP SDK's keys=[k0, k1, ...] starts
+        # with k1... demoted (ring.create.create_ring_from_sdk_keys); `retire` retires them all.
+        verify = verify[:1]
+    elif len(verify) > 1:
         kids = ", ".join(k.kid for k in verify)
         raise RotationError(f"key ring has {len(verify)} verify keys ({kids}); expected at most one mid-rotation")
     (other,) = verify
@@ -204,10 +208,11 @@ def retire(ring: KeyRing, now: datetime, *, force: bool = False) -> ChangeResult
             f"(promote + TTL {ring.ttl_seconds:g} s + {FUTURE_SKEW_SECONDS:g} s)",
             wait_seconds=st.wait_seconds,
         )
-    keys = tuple(replace(k, state=KeyState.RETIRED, retired_at=now) if k.kid == st.old.kid else k for k in ring.keys)
+    olds = [k.kid for k in ring.keys if k.state is KeyState.VERIFY and k.demoted_at is not None]
+    keys = tuple(replace(k, state=KeyState.RETIRED, retired_at=now) if k.kid in olds else k for k in ring.keys)
     after = ring.next_generation(keys=keys)
     early = st.wait_seconds > 0
-    msg = f"phase 3: {st.old.kid} retired; {ring.primary.kid} is the only key in use"
+    msg = f"phase 3: {', '.join(olds)} retired; {ring.primary.kid} is the only key in use"
     if early:
         msg += (
             f" (forced {math.ceil(st.wait_seconds)} s before the TTL gate: tokens sealed with {st.old.kid} "
