@@ -1,7 +1,8 @@
 """`python -m mrtr_keys.example`: serve the example MCP server over streamable HTTP with uvicorn.
 
     python -m mrtr_keys.example --keystore PATH --audience NAME --host 127.0.0.1 --port N
-        [--codec-from-ring | --sdk-default-key] [--instance LABEL] [--ttl SECONDS]
+        [--codec-from-ring | --sdk-default-key | --sidecar URL | --sdk-key-file PATH] [--instance LABEL]
+        [--ttl SECONDS]
         [--reload-every SECONDS] [--create-ring]
 
 Key sources (mutually exclusive):
@@ -10,6 +11,9 @@ Key sources (mutually exclusive):
                                opening the same ring.
   --sdk-default-key            the MCP SDK's default: a key generated at process start, so a retry that
                                reaches another process is rejected (the negative fleet test uses it).
+  --sidecar URL                seal through a sealing sidecar (secret from MRTR_KEYS_SIDECAR_SECRET).
+  --sdk-key-file PATH          the MCP SDK's own codec with a shared key: ``RequestStateSecurity(keys=[KEY])``,
+                               KEY being the file's bytes; a fleet before it adopts mrtr-keys (docs/migration.md).
 
 It prints the URL and a command that calls the tool, then serves until SIGINT/SIGTERM.
 Exit codes: 0 stopped, 2 configuration error (no key ring, audience outside the ring's scope, bad TTL),
@@ -28,7 +32,7 @@ from typing import Any
 
 from mcp.server.mcpserver import RequestStateSecurity
 
-from mrtr_keys.errors import KeyRingExists, MrtrKeysError
+from mrtr_keys.errors import ConfigError, KeyRingExists, MrtrKeysError
 from mrtr_keys.example.app import DEFAULT_NAME, build_server
 
 PROG = "python -m mrtr_keys.example"
@@ -94,6 +98,11 @@ def add_key_source_options(parser: argparse.ArgumentParser) -> None:
         help="seal through a sealing sidecar (http://HOST:PORT or unix:///PATH); the client secret comes from "
         "MRTR_KEYS_SIDECAR_SECRET",
     )
+    source.add_argument(
+        "--sdk-key-file",
+        metavar="PATH",
+        help="seal with the MCP SDK's own codec, RequestStateSecurity(keys=[the file's bytes]) (no mrtr-keys)",
+    )
     parser.set_defaults(key_source="ring")
 
 
@@ -115,6 +124,17 @@ def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
     """
     if args.key_source == "sdk-default":
         return None
+    if args.sdk_key_file is not None:
+        from pathlib import Path
+
+        try:
+            key = Path(args.sdk_key_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --sdk-key-file {args.sdk_key_file}: {exc.strerror}") from None
+        try:
+            return RequestStateSecurity(keys=[key], ttl=args.ttl)
+        except ValueError:
+            raise ConfigError("--sdk-key-file: the MCP SDK needs a key of at least 32 bytes") from None
     from mrtr_keys.factory import request_state_security
 
     if args.create_ring:
