@@ -96,7 +96,9 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
     key_file.write_bytes(key)
     key_file.chmod(0o600)
     ring = tmp_path / "ring" / "keyring.json"
-    init = run_cli("init", "--from-sdk-key-file", str(key_file), "--ttl", TTL, "--json", keystore=ring)
+    init = run_cli(
+        "init", "--from-sdk-key-file", str(key_file), "--ttl", TTL, "--audience", AUDIENCE, "--json", keystore=ring
+    )
     assert init.code == 0, init.err
     kid = init.json()["kid"]
     assert kid == sdk_kid(key) and init.json()["format"] == "sdk-v1"
@@ -118,6 +120,10 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
                 "sdk-v1",
             )
 
+        listed = m.cli("keys", "list").out
+        assert [line.split()[:3] for line in listed.splitlines() if line.startswith(kid)] == [[kid, "primary", "sdk"]]
+        assert "sdk-v1" in m.cli("keys", "list", "--wide").out
+
         # The rolling deploy replaces A with C, a second ring instance.
         pool.stop(a)
         c = m.server("C")
@@ -128,6 +134,10 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         began = m.cli("rotate", "begin", "--json").json()
         new_kid = began["new"]
         m.wait_loaded(began["generation"], b, c)
+        loaded = m.cli("audit", "query", "--op", "ring-loaded", "--json").json()
+        assert {e["generation"] for e in loaded} == {1, began["generation"]}
+        ring_instances = {e["instance"] for e in loaded}
+        assert len(ring_instances) == 2  # B and C (A, on the SDK's own codec, writes no audit events)
         m.both_ways("1-begun", b, c)
         before_promote = {s.instance: m.mint(s, f"pre-{s.instance}") for s in (b, c)}
         assert all(t.startswith("v1.") for t in before_promote.values())
@@ -157,15 +167,23 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
             m.refused(other, before_promote[minted_on], f"pre-{minted_on}")
         for s in (b, c):
             assert "requestState rejected on tools/call: retired kid" in s.output()
+        refusals = m.cli("audit", "query", "--kid", kid, "--outcome", "rejected", "--json").json()
+        assert [e["reason"] for e in refusals] == ["retired kid", "retired kid"]
+        assert len({e["instance"] for e in refusals}) == 2
+        destroyed = m.cli("keys", "destroy", kid).out
+        assert f"key {kid} destroyed" in destroyed
+        m.wait_loaded(retired["generation"] + 1, b, c)
+        m.refused(b, before_promote["C"], "pre-C")
         final = m.both_ways("3-retired", b, c)
         assert all(t.startswith("mk1.") for t in final)
 
         # The audit log: the init is marked as the SDK format; seals by kid show the move.
         init_events = m.cli("audit", "query", "--op", "init", "--json").json()
         assert [(e["kid"], e["reason"]) for e in init_events] == [(kid, "sdk-v1")]
-        sealed = {
-            row["key"]: row["count"] for row in m.cli("audit", "stats", "--by", "kid", "--op", "seal", "--json").json()
-        }
+        stats = m.cli("audit", "stats", "--by", "kid", "--op", "seal", "--since", "5m", "--json").json()
+        sealed = {row["key"]: row["count"] for row in stats}
+        instances = m.cli("audit", "stats", "--by", "instance", "--json").json()
+        assert ring_instances <= {row["key"] for row in instances}
         assert sealed[kid] >= 6 and sealed[new_kid] >= 8
 
     assert m.rounds == {
