@@ -13,9 +13,9 @@ import pytest
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
 
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.errors import KeyRingError, MrtrKeysError
+from mrtr_keys.errors import AudienceError, KeyRingError, MrtrKeysError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
+from mrtr_keys.ring.create import create_ring, create_ring_from_sdk_keys
 from mrtr_keys.ring.model import KeyFormat, KeyRing, KeyState
 from mrtr_keys.ring.rotation import Phase, run_step, status
 from tests.fixtures.sdk_keys import envelope, key_secrets, new_sdk_key, sdk_ring
@@ -52,6 +52,11 @@ def test_an_sdk_format_key_binds_the_audience_through_the_envelope(tmp_path: Pat
         with pytest.raises(MrtrKeysError, match="seals only MCP SDK envelopes"):
             ours.seal(payload)
     assert LocalAESGCMCodec(store, audience="billing").unseal(sdk.seal(envelope(b"x", "billing")))
+    # A ring scoped to audiences refuses to open a codec for any other, whatever its keys' format.
+    scoped = FileKeystore(tmp_path / "scoped.json")
+    create_ring_from_sdk_keys(scoped, [key], audiences=[AUD])
+    with pytest.raises(AudienceError, match="outside this key ring's scope"):
+        LocalAESGCMCodec(scoped, audience="billing")
 
 
 def test_rotation_moves_the_ring_from_v1_to_mk1_tokens_with_reason_codes(tmp_path: Path) -> None:
