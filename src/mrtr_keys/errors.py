@@ -88,3 +88,7 @@ class UnwrapError(MrtrKeysError):
 
 class AuditError(MrtrKeysError):
     """The audit store cannot be opened, read or written (bad URL, I/O or database error)."""
+
+
+class ReplayStoreUnavailable(BackendUnavailable):
+    """The single-use (replay) store could not be reached or answered with an error (docs/single-use.md)."""

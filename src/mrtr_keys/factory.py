@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from mcp.server.mcpserver import RequestStateSecurity
@@ -12,6 +13,7 @@ from mrtr_keys.backends import Codec, backend_for
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore
+from mrtr_keys.replay import defer_observer, with_single_use
 
 ENV_SIDECAR_URL = "MRTR_KEYS_SIDECAR_URL"
 """The sealing sidecar `request_state_security` uses when given neither ``sidecar=`` nor ``keystore=``."""
@@ -45,6 +47,9 @@ def request_state_security(
     audit: str | Literal[False] | None = None,
     sidecar: str | None = None,
     secret: str | None = None,
+    single_use: str | None = None,
+    single_use_for: Iterable[str] | None = None,
+    on_store_error: Literal["deny", "allow"] = "deny",
     **options: Any,
 ) -> RequestStateSecurity:
     """A `RequestStateSecurity(codec=..., audience=..., ttl=...)` for the MCP SDK (`mcp>=2.3`).
@@ -64,6 +69,10 @@ def request_state_security(
             ``MRTR_KEYS_SIDECAR_SECRET``); `options` go to `SidecarCodec` (``timeout=``). When neither
             `sidecar` nor `keystore` is given, ``MRTR_KEYS_SIDECAR_URL`` (if set) is the sidecar, as in
             deploy/kubernetes/sidecar.yaml; it wins over ``MRTR_KEYS_KEYSTORE``.
+        single_use: make rounds single-use (docs/single-use.md): the first unseal of a token consumes it
+            across the fleet in this store, ``redis://HOST:PORT/DB`` or ``postgresql://...``.
+        single_use_for: only these tools / prompts / resource URIs or URI templates (default: every round).
+        on_store_error: ``"deny"`` refuses rounds while the store fails (default); ``"allow"`` serves them.
 
     Raises:
         ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
@@ -75,13 +84,15 @@ def request_state_security(
     if sidecar is not None:
         from mrtr_keys.codecs.sidecar import sidecar_security
 
-        return sidecar_security(sidecar, audience=audience, secret=secret, ttl=float(ttl), **options)
+        security = sidecar_security(sidecar, audience=audience, secret=secret, ttl=float(ttl), **options)
+        return with_single_use(security, single_use, single_use_for, on_store_error)
     if "observer" not in options and audit is not False:
         from mrtr_keys.audit.observer import observer_for
 
         store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
         options["observer"] = observer_for(store.directory, audience=audience, audit=audit)  # type: ignore[union-attr]
         keystore = store  # type: ignore[assignment]
+    deferred = defer_observer(options, single_use)
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)
     if ring is not None and ttl > ring.server_ttl_limit:
@@ -89,4 +100,5 @@ def request_state_security(
             f"ttl {ttl:g} s is longer than the key ring's TTL ({ring.server_ttl_limit:g} s), so a retire could reject "
             "rounds still in flight; raise the ring's TTL with: mrtr-keys keys ttl SECONDS"
         )
-    return RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))
+    security = RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))
+    return with_single_use(security, single_use, single_use_for, on_store_error, observer=deferred)

@@ -1,0 +1,131 @@
+"""``redis://HOST:PORT/DB``: consume-once records in Redis, one ``SET key 1 NX PX ttl`` per token.
+
+``SET ... NX`` is atomic on the server, so of any number of concurrent callers across a fleet exactly
+one gets OK (https://redis.io/docs/latest/commands/set/); ``PX`` makes Redis forget the record when
+the token can no longer be accepted, so nothing needs purging. Keys are ``PREFIX + hex(id)``; the
+fleet's HMAC key is ``PREFIX + "hmac-key"``.
+
+No command is retried: a retried ``SET NX`` whose first attempt reached the server would answer
+"consumed" to the one legitimate caller. A failed call raises `ReplayStoreUnavailable`; redis-py's
+pool drops the broken connection and the next call connects again (no restart needed).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.replay.store import KEY_BYTES, Health, redact
+
+DEFAULT_PREFIX = "mrtr:replay:"
+MAX_PREFIX_CHARS = 200
+
+
+class RedisReplayStore:
+    """A `ReplayStore` on Redis (redis-py, thread-safe connection pool).
+
+    Args:
+        url: ``redis://[[USER]:PASSWORD@]HOST:PORT/DB[?prefix=TEXT]`` (``rediss://`` for TLS).
+        timeout: seconds to connect or to get an answer.
+
+    Raises:
+        ConfigError: the ``redis`` extra is missing, or the URL cannot be parsed.
+    """
+
+    def __init__(self, url: str, *, timeout: float) -> None:
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise ConfigError("the redis replay store needs redis-py: pip install 'mrtr-keys[redis]'") from None
+        parsed = urlparse(url)
+        query = parse_qsl(parsed.query, keep_blank_values=True)
+        prefix = DEFAULT_PREFIX
+        rest = []
+        for name, value in query:
+            if name == "prefix":
+                prefix = value
+            else:
+                rest.append((name, value))
+        if not 0 < len(prefix) <= MAX_PREFIX_CHARS:
+            raise ConfigError(f"the redis replay store prefix must be 1-{MAX_PREFIX_CHARS} characters")
+        self.url = redact(url)
+        self.prefix = prefix
+        self._prefix = prefix.encode("utf-8")
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError,)
+        try:
+            self._client: Any = redis.Redis.from_url(
+                urlunparse(parsed._replace(query=urlencode(rest))),
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=0,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad redis replay store URL {self.url}: {exc}") from None
+        self._health = Health(self.url)
+        self._key: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisReplayStore({self.url!r}, prefix={self.prefix!r})"
+
+    @property
+    def healthy(self) -> bool:
+        return self._health.healthy
+
+    def consume(self, token_id: bytes, ttl_ms: int) -> bool:
+        """``SET PREFIX+hex(id) 1 NX PX ttl_ms``: True if this call created the record.
+
+        Raises:
+            ReplayStoreUnavailable: Redis unreachable, timed out, or answered an error.
+        """
+        try:
+            created = self._client.set(self._prefix + token_id.hex().encode("ascii"), b"1", nx=True, px=ttl_ms)
+        except self._errors as exc:
+            raise self._health.failed(exc) from None
+        self._health.ok()
+        return created is True
+
+    def hmac_key(self) -> bytes:
+        """The fleet's HMAC key: ``SET PREFIX+"hmac-key" <32 random bytes> NX`` then ``GET`` (cached).
+
+        Raises:
+            ReplayStoreUnavailable: Redis unreachable, or the stored key is not 32 bytes.
+        """
+        key = self._key
+        if key is not None:
+            return key
+        name = self._prefix + b"hmac-key"
+        try:
+            self._client.set(name, os.urandom(KEY_BYTES), nx=True)
+            stored = self._client.get(name)
+        except self._errors as exc:
+            raise self._health.failed(exc) from None
+        if not isinstance(stored, bytes) or len(stored) != KEY_BYTES:
+            raise self._health.failed(ValueError("bad hmac-key record"))
+        self._health.ok()
+        self._key = stored
+        return stored
+
+    def ping(self) -> bool:
+        try:
+            self._client.ping()
+        except self._errors as exc:
+            self._health.failed(exc)
+            return False
+        self._health.ok()
+        return True
+
+    def clear(self) -> int:
+        """Delete every record under this store's prefix (tests and ``flush`` tooling); returns the count."""
+        count = 0
+        for key in self._client.scan_iter(match=self._prefix + b"*", count=1000):
+            count += int(self._client.delete(key))
+        self._key = None
+        return count
+
+    def close(self) -> None:
+        self._client.close()

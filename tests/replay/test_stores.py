@@ -1,0 +1,166 @@
+"""The consume-once stores (Redis `SET NX PX`, PostgreSQL `INSERT ... ON CONFLICT DO NOTHING`) against the
+real local servers: first writer wins, records expire with their token, the fleet shares one HMAC key,
+an outage is an error that ends by itself when the store is back (docs/single-use.md)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pytest
+
+from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
+from mrtr_keys.replay import open_store
+from mrtr_keys.replay.store import KEY_BYTES
+from tests.fixtures.replay import TcpProxy
+
+
+def test_the_first_consume_of_an_id_wins_and_every_later_one_loses(replay_url: str) -> None:
+    a, b = open_store(replay_url), open_store(replay_url)  # two instances of a fleet
+    try:
+        token_id, other = os.urandom(16), os.urandom(16)
+        assert a.consume(token_id, 60_000) is True
+        assert a.consume(token_id, 60_000) is False
+        assert b.consume(token_id, 60_000) is False
+        assert b.consume(other, 60_000) is True
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_fleet_shares_one_hmac_key_created_on_first_use(replay_url: str) -> None:
+    a, b = open_store(replay_url), open_store(replay_url)
+    try:
+        key = a.hmac_key()
+        assert len(key) == KEY_BYTES and key == b.hmac_key() and key == open_store(replay_url).hmac_key()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_record_lives_as_long_as_asked(redis_replay_url: str, pg_replay_url: str) -> None:
+    import psycopg
+    import redis
+
+    rs = open_store(redis_replay_url)
+    token_id = os.urandom(16)
+    assert rs.consume(token_id, 90_000)
+    client = redis.Redis.from_url(redis_replay_url.split("?")[0])
+    prefix = redis_replay_url.split("prefix=")[1]
+    assert 0 < client.pttl(prefix + token_id.hex()) <= 90_000
+    rs.close()
+    ps = open_store(pg_replay_url)
+    assert ps.consume(token_id, 90_000)
+    with psycopg.connect(pg_replay_url) as conn:
+        row = conn.execute("SELECT extract(epoch FROM expires_at - now()) FROM mrtr_replay_tokens").fetchone()
+    assert row is not None and 0 < float(row[0]) <= 90
+    ps.close()
+
+
+def test_an_outage_raises_and_the_same_store_object_recovers(
+    store_proxy: tuple[str, TcpProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, proxy = store_proxy
+    store = open_store(url)
+    try:
+        assert store.consume(os.urandom(16), 60_000)
+        proxy.down()
+        caplog.set_level(logging.WARNING, logger="mrtr_keys.replay")
+        for _ in range(3):
+            with pytest.raises(ReplayStoreUnavailable) as info:
+                store.consume(os.urandom(16), 60_000)
+            assert "unreachable" in str(info.value)
+        assert store.ping() is False
+        proxy.up()
+        assert store.consume(os.urandom(16), 60_000) is True
+        assert store.ping() is True
+        lines = [r.getMessage() for r in caplog.records if r.name == "mrtr_keys.replay"]
+        assert len(lines) == 2, lines  # one line when it went away, one when it came back
+        assert "unreachable" in lines[0] and "reachable again" in lines[1]
+    finally:
+        store.close()
+
+
+def test_store_urls_are_checked_when_opened() -> None:
+    for bad in ("", "memcached://127.0.0.1:11211", "redis://127.0.0.1:6379/0?prefix="):
+        with pytest.raises(ConfigError):
+            open_store(bad)
+    secret = open_store("redis://:hunter2@127.0.0.1:6379/0")
+    assert "hunter2" not in repr(secret) and "hunter2" not in secret.url
+
+
+def _expired_rows(url: str, n: int, live: int = 0) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO mrtr_replay_tokens (id, expires_at) "
+            "SELECT gen_random_bytes(16), now() - interval '1 minute' FROM generate_series(1, %s)",
+            (n,),
+        )
+        conn.execute(
+            "INSERT INTO mrtr_replay_tokens (id, expires_at) "
+            "SELECT gen_random_bytes(16), now() + interval '1 hour' FROM generate_series(1, %s)",
+            (live,),
+        )
+
+
+def _count(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row: Any = conn.execute("SELECT count(*) FROM mrtr_replay_tokens").fetchone()
+    return int(row[0])
+
+
+def test_postgres_creates_its_table_on_first_use_and_purges_in_bounded_batches(
+    pg_replay_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    from mrtr_keys.replay import postgres_store
+
+    with psycopg.connect(pg_replay_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+    store = open_store(pg_replay_url)
+    try:
+        assert store.consume(os.urandom(16), 60_000)  # creates the schema
+        _expired_rows(pg_replay_url, 250, live=3)
+        monkeypatch.setattr(postgres_store, "PURGE_BATCH", 100)
+        monkeypatch.setattr(postgres_store, "PURGE_MAX_BATCHES", 2)
+        assert store.purge_once() == 200  # type: ignore[attr-defined]  # bounded: 2 batches of 100
+        assert store.purge_once() == 50  # type: ignore[attr-defined]
+        assert _count(pg_replay_url) == 4  # the live rows stay
+    finally:
+        store.close()
+
+
+def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) -> None:
+    import time
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    from mrtr_keys.replay.postgres_store import PostgresReplayStore
+    from tests.fixtures.replay import proxied
+
+    with psycopg.connect(pg_replay_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+    parsed = urlparse(pg_replay_url)
+    proxy = TcpProxy((parsed.hostname or "127.0.0.1", parsed.port or 5432))
+    store = PostgresReplayStore(proxied(pg_replay_url, proxy), timeout=1.0, purge_interval=0.05)
+    try:
+        assert store.consume(os.urandom(16), 60_000)  # schema, and the purge thread starts
+        proxy.down()
+        _expired_rows(pg_replay_url, 30)
+        time.sleep(0.3)  # a few purge passes fail while the store is away
+        assert _count(pg_replay_url) == 31
+        proxy.up()
+        deadline = time.monotonic() + 20
+        while _count(pg_replay_url) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _count(pg_replay_url) == 1  # only the live record is left
+    finally:
+        store.close()
+        proxy.close()
