@@ -8,13 +8,14 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import pytest
-from mcp.server.mcpserver import InvalidRequestState, MCPServer
+from mcp.server.mcpserver import Elicit, InvalidRequestState, MCPServer, Resolve
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
+from pydantic import BaseModel
 
 from mrtr_keys.example.app import build_server
 from mrtr_keys.factory import request_state_security
@@ -133,3 +134,64 @@ def test_one_token_unsealed_by_4_processes_x_50_threads_succeeds_exactly_once(ri
     total = {k: sum(c[k] for c in counts) for k in ("ok", "replayed", "other")}
     print(f"race ({replay_url.split(':')[0]}): {total}")
     assert total == {"ok": 1, "replayed": 199, "other": 0}
+
+
+# ---------------------------------------------------------------- resolver flows
+
+
+class Approval(BaseModel):
+    approve: bool
+
+
+class Code(BaseModel):
+    code: str
+
+
+def ask_approval(amount: int) -> Elicit[Approval]:
+    return Elicit(f"Approve a payment of {amount}?", Approval)
+
+
+def ask_code(approval: Annotated[Approval, Resolve(ask_approval)]) -> Elicit[Code]:
+    return Elicit("Second factor?", Code)
+
+
+def _payments(ring: Path, url: str) -> MCPServer:
+    """A tool whose two questions come from chained `Resolve(...)` resolvers: three rounds, two tokens."""
+    mcp = MCPServer(
+        "payments",
+        request_state_security=request_state_security(
+            ring, audience="payments", single_use=url, single_use_for={"approve_payment"}
+        ),
+    )
+
+    @mcp.tool()
+    def approve_payment(
+        amount: int,
+        approval: Annotated[Approval, Resolve(ask_approval)],
+        code: Annotated[Code, Resolve(ask_code)],
+    ) -> str:
+        return f"paid {amount} ({approval.approve}, {code.code})"
+
+    return mcp
+
+
+def test_a_resolver_flow_driven_by_the_client_completes_with_single_use(ring: Path, redis_replay_url: str) -> None:
+    from mcp import Client
+    from mcp.types import ElicitResult
+
+    assert cli("audience", "add", "payments", keystore=ring).code == 0
+    mcp = _payments(ring, redis_replay_url)
+    asked: list[str] = []
+
+    async def answer(context: Any, params: Any) -> ElicitResult:
+        asked.append(params.message)
+        content = {"approve": True} if "Approve" in params.message else {"code": "123456"}
+        return ElicitResult(action="accept", content=content)
+
+    async def flow() -> str:
+        async with Client(mcp, elicitation_callback=answer) as client:
+            return text_of(await client.call_tool("approve_payment", {"amount": 5}))
+
+    assert anyio.run(flow) == "paid 5 (True, 123456)"
+    assert asked == ["Approve a payment of 5?", "Second factor?"]  # three rounds, each token unsealed once
+    assert _reasons(ring) == [("unseal", "ok", None), ("unseal", "ok", None)]
