@@ -83,7 +83,10 @@ def _raw_postgres(url: str) -> Loop:
     conn = psycopg.connect(url, autocommit=True)
     conn.execute("CREATE TABLE IF NOT EXISTS bench_raw (id bytea PRIMARY KEY, expires_at timestamptz NOT NULL)")
     conn.execute("CREATE INDEX IF NOT EXISTS bench_raw_expires ON bench_raw (expires_at)")
-    sql = "INSERT INTO bench_raw (id, expires_at) VALUES (%s, now() + %s * interval '1 millisecond') ON CONFLICT DO NOTHING"
+    sql = (
+        "INSERT INTO bench_raw (id, expires_at) VALUES (%s, now() + %s * interval '1 millisecond') "
+        "ON CONFLICT DO NOTHING"
+    )
 
     def loop(n: int) -> None:
         ids = [os.urandom(16) for _ in range(n)]

@@ -1,0 +1,35 @@
+"""Smoke run of the benchmark's single-use part (issue 14) with tiny counts: it runs end to end on the local
+Redis and a throwaway PostgreSQL database and prints every row with a verdict. No timing is asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures.common import REPO
+
+
+def test_single_use_part_prints_every_row(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "single_use", "--quick", "--results-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in (
+        "plain unseal (Redis run)",
+        "raw SET NX PX (redis-py)",
+        "single-use unseal (Redis) vs plain",
+        "raw INSERT ON CONFLICT DO NOTHING (psycopg)",
+        "single-use unseal (PostgreSQL) vs plain",
+    ):
+        assert f"| single_use | {name} |" in proc.stdout, name
+    for store, raw in (("Redis", "raw SET NX PX (redis-py)"), ("PostgreSQL", "raw INSERT ON CONFLICT DO NOTHING")):
+        line = next(
+            x for x in proc.stdout.splitlines() if x.startswith(f"| single_use | single-use unseal ({store}) |")
+        )
+        assert raw in line and "<= 1.2x" in line and ("PASS" in line or "MISS" in line)
