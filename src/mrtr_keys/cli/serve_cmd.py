@@ -35,6 +35,25 @@ def serve(
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Log lines as text or json [default: text].")
     ] = None,
+    replay_store: Annotated[
+        str | None,
+        typer.Option(
+            "--replay-store",
+            help="Single-use unseals: redis://HOST:PORT/DB or postgresql://... (docs/single-use.md).",
+        ),
+    ] = None,
+    single_use_client: Annotated[
+        list[str] | None,
+        typer.Option("--single-use-client", help="Only this client's unseals are single-use (repeatable)."),
+    ] = None,
+    single_use_audience: Annotated[
+        list[str] | None,
+        typer.Option("--single-use-audience", help="Only this audience's unseals are single-use (repeatable)."),
+    ] = None,
+    on_replay_store_error: Annotated[
+        str | None,
+        typer.Option("--on-replay-store-error", help="deny (refuse unseals while the store fails) or allow."),
+    ] = None,
 ) -> None:
     """Serve seal/unseal over HTTP for many MCP servers; picks up rotations and new clients without a restart."""
     from mrtr_keys.logs import configure_logging
@@ -52,6 +71,10 @@ def serve(
         uds=uds,
         workers=workers,
         reload_interval=reload_interval,
+        replay_store=replay_store,
+        single_use_clients=tuple(single_use_client) if single_use_client else None,
+        single_use_audiences=tuple(single_use_audience) if single_use_audience else None,
+        on_replay_store_error=on_replay_store_error,
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

@@ -161,6 +161,10 @@ class ReplayGuard:
     def __repr__(self) -> str:
         return f"ReplayGuard(store={self.store.url!r}, only={self.only is not None}, allow={self.allow_on_error})"
 
+    def set_fallback_ttl(self, seconds: float) -> None:
+        """Change the lifetime used for payloads without ``exp`` (the sidecar follows the ring's TTL)."""
+        self._fallback_ms = (float(seconds) + FUTURE_SKEW_SECONDS) * 1000.0
+
     def token_id(self, token: str) -> bytes:
         """HMAC-SHA256(fleet key, `token_bytes(token)`) truncated to `ID_BYTES` (the store's record name).
 

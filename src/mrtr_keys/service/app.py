@@ -144,6 +144,8 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if core.replay is not None:
+                core.replay.close()
             flush = getattr(audit, "flush", None)  # uvicorn re-raises SIGTERM after shutdown: no atexit
             if flush is not None:
                 await anyio.to_thread.run_sync(flush)

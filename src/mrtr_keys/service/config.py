@@ -15,6 +15,10 @@ over the file, the file wins over the defaults::
     max_batch_items = 256
     strict_audit = false                      # true: a failing audit sink fails the request (503)
     audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
+    replay_store = "redis://127.0.0.1:6379/0" # single-use unseals (docs/single-use.md); or postgresql://...
+    single_use_clients = ["billing"]          # only these clients' unseals (default: every unseal)
+    single_use_audiences = ["payments"]       # ... or these audiences'
+    on_replay_store_error = "deny"            # "allow": serve unseals unrecorded while the store fails
 """
 
 from __future__ import annotations
@@ -55,8 +59,25 @@ class ServiceConfig:
     max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
     strict_audit: bool = False
     audit_factory: str | None = None
+    replay_store: str | None = None
+    single_use_clients: tuple[str, ...] = ()
+    single_use_audiences: tuple[str, ...] = ()
+    on_replay_store_error: str = "deny"
 
     def __post_init__(self) -> None:
+        for name in ("single_use_clients", "single_use_audiences"):
+            names = getattr(self, name)
+            if isinstance(names, str) or not isinstance(names, list | tuple):
+                raise ConfigError(f"{name} must be a list of names")
+            if not all(isinstance(n, str) and n for n in names):
+                raise ConfigError(f"{name} must hold non-empty names")
+            object.__setattr__(self, name, tuple(names))
+        if (self.single_use_clients or self.single_use_audiences) and not self.replay_store:
+            raise ConfigError("single_use_clients / single_use_audiences need replay_store (docs/single-use.md)")
+        if self.replay_store is not None and (not isinstance(self.replay_store, str) or not self.replay_store):
+            raise ConfigError("replay_store must be a store URL: redis://HOST:PORT/DB or postgresql://...")
+        if self.on_replay_store_error not in ("deny", "allow"):
+            raise ConfigError('on_replay_store_error must be "deny" or "allow"')
         _int_in("port", self.port, 1, 65535)
         _int_in("workers", self.workers, 1, MAX_WORKERS)
         _int_in("max_body_bytes", self.max_body_bytes, 1024, MAX_MAX_BODY_BYTES)
@@ -75,7 +96,7 @@ class ServiceConfig:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ServiceConfig:

@@ -20,6 +20,7 @@ import anyio.to_thread
 
 from mrtr_keys.backends import Codec
 from mrtr_keys.errors import AudienceError, MrtrKeysError
+from mrtr_keys.replay.sidecar import STORE_UNAVAILABLE
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
 from mrtr_keys.service.clients import Client
 from mrtr_keys.service.config import ServiceConfig
@@ -55,6 +56,7 @@ from mrtr_keys.token import b64u_encode
 log = logging.getLogger("mrtr_keys.service")
 
 _OUTSIDE_SCOPE = "audience outside the key ring"
+_REPLAY_UNAVAILABLE_BODY: dict[str, Any] = {"error": "replay_store_unavailable"}
 
 
 async def respond(handler: Handler, scope: Scope, receive: Receive) -> Result | None:
@@ -212,6 +214,16 @@ class SidecarCore(RingLifecycle):
         except Exception:
             log.exception("unseal failed (audience=%r)", audience)
             return Outcome("error", 500, INTERNAL_BODY, audience, reason="internal", token=token)
+        replay = self.replay
+        if replay is not None and replay.applies(client.name, audience):
+            refusal = replay.check(token, payload)  # single-use (docs/single-use.md)
+            if refusal == STORE_UNAVAILABLE:
+                return Outcome("unavailable", 503, _REPLAY_UNAVAILABLE_BODY, audience, kid, refusal, token)
+            if refusal is not None:
+                self._rejected_log(
+                    "unseal rejected (audience=%r client=%s kid=%s): %s", audience, client.name, kid, refusal
+                )
+                return Outcome("rejected", 400, INVALID_TOKEN_BODY, audience, kid, refusal, token)
         return Outcome("ok", 200, {"payload": b64u_encode(payload), "kid": kid}, audience, kid, None, token)
 
     async def _open_codec(self, op: str, audience: str, token: str | None) -> Codec | Outcome:

@@ -2,8 +2,9 @@
 
 `RingLifecycle` is the base of `mrtr_keys.service.handlers.SidecarCore`: it owns the `RingState` and
 the `ClientAuth`, calls codecs (on the event loop for in-memory codecs, in a worker thread for codecs
-that may call out per token), answers ``/readyz`` with a seal/unseal self-test, and runs the reload loop
-(every ``reload_interval`` seconds and on SIGHUP) that swaps in a new generation and client registry.
+that may call out per token), answers ``/readyz`` with a seal/unseal self-test (and a ping of the replay
+store when single-use is on), and runs the reload loop (every ``reload_interval`` seconds and on SIGHUP)
+that swaps in a new generation and client registry.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio.to_thread
 from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.backends import Codec
+from mrtr_keys.replay.sidecar import SidecarReplay
 from mrtr_keys.ring.model import KeyRing
 from mrtr_keys.service.auth import ClientAuth
 from mrtr_keys.service.config import ServiceConfig
@@ -59,6 +61,16 @@ class RingLifecycle:
         if audit is not None:
             self.metrics.watch_audit(getattr(audit, "sink", audit))
         self.metrics.watch_ring(ring)
+        self.replay: SidecarReplay | None = None
+        if config.replay_store:  # single-use unseals (docs/single-use.md)
+            self.replay = SidecarReplay(
+                config.replay_store,
+                clients=config.single_use_clients,
+                audiences=config.single_use_audiences,
+                on_store_error=config.on_replay_store_error,  # type: ignore[arg-type]
+                ring_ttl=lambda: ring.ring.ttl_seconds,
+                registry=self.metrics.registry,
+            )
         self._wake: asyncio.Event | None = None
 
     # ---------------------------------------------------------------- codecs
@@ -115,6 +127,10 @@ class RingLifecycle:
         if ok and audit_ready is not None and not audit_ready():
             ok = False
             doc["reason"] = "the audit store cannot be written (see the server log)"
+        replay = self.replay
+        if ok and replay is not None and not await anyio.to_thread.run_sync(replay.ready):
+            ok = False
+            doc["reason"] = "the replay store cannot be reached (see the server log)"
         ready = ok and not (strict and stale)
         doc["ready"] = ready
         return (200 if ready else 503), dump(doc), None
