@@ -99,6 +99,11 @@ def test_the_store_never_holds_the_token(keystore_path: Path, redis_replay_url: 
 def test_store_errors_fail_closed_unless_allowed(
     keystore_path: Path, store_proxy: tuple[str, TcpProxy], caplog: pytest.LogCaptureFixture
 ) -> None:
+    from prometheus_client import REGISTRY
+
+    def counted(outcome: str) -> float:
+        return REGISTRY.get_sample_value("mrtr_keys_single_use_total", {"outcome": outcome}) or 0.0
+
     url, proxy = store_proxy
     deny, allow = single_use(keystore_path, url), single_use(keystore_path, url, on_store_error="allow")
     warm = deny.seal(envelope())
@@ -106,11 +111,14 @@ def test_store_errors_fail_closed_unless_allowed(
     allow.unseal(allow.seal(envelope()))
     proxy.down()
     token = deny.seal(envelope())
+    denied, allowed = counted("store_error_denied"), counted("store_error_allowed")
     assert reason(deny.unseal, token) == "replay store unavailable"
+    assert counted("store_error_denied") == denied + 1
     with pytest.raises(ReplayStoreUnavailable):
         deny.guard.check(token, envelope())
     assert deny.ready() is False
     assert json.loads(allow.unseal(token))["s"] == "state"  # served, unrecorded
+    assert counted("store_error_allowed") == allowed + 1
     proxy.up()
     assert json.loads(deny.unseal(token))["s"] == "state"  # the same token, once the store is back
     assert reason(deny.unseal, token) == "replayed"
