@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tests.fixtures.openbao import TcpProxy
+from tests.support.proxy import CountingProxy
 
 
 def rss_tree_kib(pid: int) -> int:
@@ -33,7 +33,7 @@ def test_a_sidecar_with_its_store_down_stays_bounded_under_1_mb_rejected_tokens(
     keystore_path: Path, postgres_url: str, sidecar_factory: Callable[..., Any]
 ) -> None:
     parsed = urlparse(postgres_url)
-    proxy = TcpProxy(parsed.port or 5432)
+    proxy = CountingProxy(parsed.port or 5432, http=False)
     proxy.start()
     url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
     try:

@@ -27,14 +27,14 @@ from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
-from tests.fixtures.openbao import TcpProxy
+from tests.support.proxy import CountingProxy
 
 
 @pytest.fixture
-def pg_proxy(postgres_url: str) -> Iterator[tuple[TcpProxy, str]]:
+def pg_proxy(postgres_url: str) -> Iterator[tuple[CountingProxy, str]]:
     """(proxy, store URL through the proxy) for the test's empty PostgreSQL database."""
     parsed = urlparse(postgres_url)
-    proxy = TcpProxy(parsed.port or 5432)
+    proxy = CountingProxy(parsed.port or 5432, http=False)
     proxy.start()
     try:
         yield proxy, parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
@@ -60,7 +60,7 @@ def _until(check: object, timeout: float) -> float:
 
 
 def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_of_its_return(
-    keystore_path: Path, tmp_path: Path, pg_proxy: tuple[TcpProxy, str]
+    keystore_path: Path, tmp_path: Path, pg_proxy: tuple[CountingProxy, str]
 ) -> None:
     proxy, url = pg_proxy
     sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
@@ -86,7 +86,7 @@ def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_o
 
 
 def test_non_strict_sidecar_writes_the_outage_backlog_after_it_and_counts_exactly_what_it_lost(
-    keystore_path: Path, tmp_path: Path, pg_proxy: tuple[TcpProxy, str]
+    keystore_path: Path, tmp_path: Path, pg_proxy: tuple[CountingProxy, str]
 ) -> None:
     proxy, url = pg_proxy
     # A small queue and 3 KB payloads (4 KB tokens): the pipe to the writer and the queue fill during
