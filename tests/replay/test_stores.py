@@ -164,3 +164,35 @@ def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) ->
     finally:
         store.close()
         proxy.close()
+
+
+def test_a_redis_that_accepts_but_never_answers_is_an_outage_not_a_hang() -> None:
+    """Reads are bounded by the kernel (SO_RCVTIMEO) on plain TCP, by redis-py's timeout on TLS: either way
+    a silent server is `ReplayStoreUnavailable`, never a blocked caller (pytest-timeout guards the test)."""
+    import socket
+
+    from mrtr_keys.replay.redis_store import RedisReplayStore
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return
+
+    import threading
+
+    threading.Thread(target=accept, daemon=True).start()
+    store = RedisReplayStore(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout=0.2)
+    try:
+        with pytest.raises(ReplayStoreUnavailable):
+            store.consume(os.urandom(16), 60_000)
+        assert store.ping() is False
+    finally:
+        store.close()
+        silent.close()
+        for s in held:
+            s.close()

@@ -13,6 +13,9 @@ pool drops the broken connection and the next call connects again (no restart ne
 from __future__ import annotations
 
 import os
+import socket
+import struct
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
@@ -21,6 +24,27 @@ from mrtr_keys.replay.store import KEY_BYTES, Health, redact
 
 DEFAULT_PREFIX = "mrtr:replay:"
 MAX_PREFIX_CHARS = 200
+
+
+def _kernel_timeouts(timeout: float) -> Callable[[Any], None]:
+    """A redis-py ``redis_connect_func`` that bounds every read and write with ``SO_RCVTIMEO`` /
+    ``SO_SNDTIMEO`` (socket(7)) and then runs the usual connection handshake.
+
+    With redis-py's own ``socket_timeout`` the socket is in Python's timeout mode, which polls before
+    every send and receive: about 12 µs per command on this project's bench machine, a fifth of a
+    loopback round trip. Kernel timeouts keep the socket blocking; a read that times out fails with
+    ``EAGAIN``, which redis-py raises as a ``ConnectionError``.
+    """
+    seconds = int(timeout)
+    value = struct.pack("ll", seconds, int((timeout - seconds) * 1_000_000))
+
+    def connect(conn: Any) -> None:
+        sock = conn._sock  # set by redis-py just before it calls this function
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        conn.on_connect()
+
+    return connect
 
 
 class RedisReplayStore:
@@ -56,13 +80,16 @@ class RedisReplayStore:
         self.prefix = prefix
         self._prefix = prefix.encode("utf-8")
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError,)
+        timeouts: dict[str, Any] = {"socket_timeout": timeout}
+        if parsed.scheme == "redis":  # plain TCP: the kernel times reads and writes out (see `_kernel_timeouts`)
+            timeouts = {"socket_timeout": None, "redis_connect_func": _kernel_timeouts(timeout)}
         try:
             self._client: Any = redis.Redis.from_url(
                 urlunparse(parsed._replace(query=urlencode(rest))),
-                socket_timeout=timeout,
                 socket_connect_timeout=timeout,
                 retry=Retry(NoBackoff(), 0),
                 health_check_interval=0,
+                **timeouts,
             )
         except ValueError as exc:
             raise ConfigError(f"bad redis replay store URL {self.url}: {exc}") from None
