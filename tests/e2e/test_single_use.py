@@ -21,7 +21,7 @@ from mrtr_keys.example.app import build_server
 from mrtr_keys.factory import request_state_security
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.audit import cli
-from tests.fixtures.replay import TcpProxy
+from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
 DONE = "Provisioned 'orders' in eu-west-1."
@@ -75,16 +75,18 @@ def test_a_tool_not_named_keeps_todays_behaviour(ring: Path, redis_replay_url: s
     assert text_of(anyio.run(retry_round, mcp, token)) == DONE  # replayable until it expires, as without the option
 
 
-def test_a_store_outage_refuses_rounds_until_the_store_is_back(ring: Path, store_proxy: tuple[str, TcpProxy]) -> None:
+def test_a_store_outage_refuses_rounds_until_the_store_is_back(
+    ring: Path, store_proxy: tuple[str, CountingProxy]
+) -> None:
     url, proxy = store_proxy
     deny, allow = _server(ring, url), _server(ring, url, on_store_error="allow")
     assert text_of(anyio.run(retry_round, deny, anyio.run(first_round, deny).request_state)) == DONE
     token = anyio.run(first_round, deny).request_state or ""
     other = anyio.run(first_round, allow).request_state or ""
-    proxy.down()
+    proxy.stop()
     _refused(deny, token)  # fail closed
     assert text_of(anyio.run(retry_round, allow, other)) == DONE  # opted out: served, unrecorded
-    proxy.up()
+    proxy.start()
     assert text_of(anyio.run(retry_round, deny, token)) == DONE  # no restart: the same server, the same token
     _refused(deny, token)
     assert ("unseal", "rejected", "replay store unavailable") in _reasons(ring)

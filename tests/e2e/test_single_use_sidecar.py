@@ -22,7 +22,7 @@ from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.audit import cli
-from tests.fixtures.replay import TcpProxy
+from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
 DONE = "Provisioned 'orders' in eu-west-1."
@@ -66,7 +66,7 @@ def _app(keystore: Path, url: str, **kw: Any) -> Any:
 
 
 def test_a_store_outage_is_503_and_not_ready_until_the_store_is_back(
-    keystore_path: Path, store_proxy: tuple[str, TcpProxy]
+    keystore_path: Path, store_proxy: tuple[str, CountingProxy]
 ) -> None:
     url, proxy = store_proxy
     _, secret = add_client(keystore_path.parent / "clients.json", "pay", audiences=["svc"])
@@ -83,13 +83,13 @@ def test_a_store_outage_is_503_and_not_ready_until_the_store_is_back(
 
         token, other = seal(), seal()
         assert unseal(d, seal()).status_code == 200
-        proxy.down()
+        proxy.stop()
         refused = unseal(d, token)
         assert (refused.status_code, refused.json()) == (503, {"error": "replay_store_unavailable"})
         assert d.get("/readyz").status_code == 503
         assert "replay store" in d.get("/readyz").json()["reason"]
         assert [unseal(a, other).json()["payload"] for _ in range(2)] == ["AAAA", "AAAA"]  # allowed, unrecorded
-        proxy.up()
+        proxy.start()
         assert unseal(d, token).status_code == 200  # no restart; the refused token was not consumed
         replay = unseal(d, token)
         assert (replay.status_code, replay.json()) == (400, {"error": "invalid_token"})

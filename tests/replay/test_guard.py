@@ -17,7 +17,7 @@ from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.replay import ReplayGuard, SingleUseCodec, Targets, open_store
 from mrtr_keys.replay.guard import token_bytes
-from tests.fixtures.replay import TcpProxy
+from tests.support.proxy import CountingProxy
 
 
 def envelope(target: str = "approve_payment", *, method: str = "tools/call", exp_in: float = 600.0) -> bytes:
@@ -97,7 +97,7 @@ def test_the_store_never_holds_the_token(keystore_path: Path, redis_replay_url: 
 
 
 def test_store_errors_fail_closed_unless_allowed(
-    keystore_path: Path, store_proxy: tuple[str, TcpProxy], caplog: pytest.LogCaptureFixture
+    keystore_path: Path, store_proxy: tuple[str, CountingProxy], caplog: pytest.LogCaptureFixture
 ) -> None:
     from prometheus_client import REGISTRY
 
@@ -109,7 +109,7 @@ def test_store_errors_fail_closed_unless_allowed(
     warm = deny.seal(envelope())
     deny.unseal(warm)  # the fleet key is read while the store is up
     allow.unseal(allow.seal(envelope()))
-    proxy.down()
+    proxy.stop()
     token = deny.seal(envelope())
     denied, allowed = counted("store_error_denied"), counted("store_error_allowed")
     assert reason(deny.unseal, token) == "replay store unavailable"
@@ -119,7 +119,7 @@ def test_store_errors_fail_closed_unless_allowed(
     assert deny.ready() is False
     assert json.loads(allow.unseal(token))["s"] == "state"  # served, unrecorded
     assert counted("store_error_allowed") == allowed + 1
-    proxy.up()
+    proxy.start()
     assert json.loads(deny.unseal(token))["s"] == "state"  # the same token, once the store is back
     assert reason(deny.unseal, token) == "replayed"
     assert deny.ready() is True

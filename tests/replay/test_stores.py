@@ -13,7 +13,7 @@ import pytest
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
 from mrtr_keys.replay import open_store
 from mrtr_keys.replay.store import KEY_BYTES
-from tests.fixtures.replay import TcpProxy
+from tests.support.proxy import CountingProxy
 
 
 def test_the_first_consume_of_an_id_wins_and_every_later_one_loses(replay_url: str) -> None:
@@ -59,20 +59,20 @@ def test_a_record_lives_as_long_as_asked(redis_replay_url: str, pg_replay_url: s
 
 
 def test_an_outage_raises_and_the_same_store_object_recovers(
-    store_proxy: tuple[str, TcpProxy], caplog: pytest.LogCaptureFixture
+    store_proxy: tuple[str, CountingProxy], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, proxy = store_proxy
     store = open_store(url)
     try:
         assert store.consume(os.urandom(16), 60_000)
-        proxy.down()
+        proxy.stop()
         caplog.set_level(logging.WARNING, logger="mrtr_keys.replay")
         for _ in range(3):
             with pytest.raises(ReplayStoreUnavailable) as info:
                 store.consume(os.urandom(16), 60_000)
             assert "unreachable" in str(info.value)
         assert store.ping() is False
-        proxy.up()
+        proxy.start()
         assert store.consume(os.urandom(16), 60_000) is True
         assert store.ping() is True
         lines = [r.getMessage() for r in caplog.records if r.name == "mrtr_keys.replay"]
@@ -148,15 +148,15 @@ def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) ->
     with psycopg.connect(pg_replay_url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
     parsed = urlparse(pg_replay_url)
-    proxy = TcpProxy((parsed.hostname or "127.0.0.1", parsed.port or 5432))
+    proxy = CountingProxy(parsed.port or 5432, http=False)
     store = PostgresReplayStore(proxied(pg_replay_url, proxy), timeout=1.0, purge_interval=0.05)
     try:
         assert store.consume(os.urandom(16), 60_000)  # schema, and the purge thread starts
-        proxy.down()
+        proxy.stop()
         _expired_rows(pg_replay_url, 30)
         time.sleep(0.3)  # a few purge passes fail while the store is away
         assert _count(pg_replay_url) == 31
-        proxy.up()
+        proxy.start()
         deadline = time.monotonic() + 20
         while _count(pg_replay_url) != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
