@@ -121,13 +121,13 @@ def test_sealed_for_another_audience_is_rejected() -> None:
         "v1.",
         "mk1.AAAA",
         pack(TOKEN_PREFIX, bytes.fromhex(RING.primary.kid), bytes(27)),  # one byte short of nonce + tag
-        "x" * (1 << 20),
-        TOKEN_PREFIX + "A" * (1 << 20),
+        "x" * (MAX_TOKEN_CHARS + 1),
+        TOKEN_PREFIX + "A" * MAX_TOKEN_CHARS,
     ],
-    ids=["empty", "prefix-only", "no-dot", "sdk-prefix", "short", "short-by-one", "1MB", "1MB-after-prefix"],
+    ids=["empty", "prefix-only", "no-dot", "sdk-prefix", "short", "short-by-one", "over-cap", "over-cap-after-prefix"],
 )
 def test_empty_short_and_huge_strings_are_rejected(token: str) -> None:
-    """Lengths are checked before decoding: a 1 MB string costs a length comparison, not a decode."""
+    """Lengths are checked before decoding: a string over the 4 MiB cap costs a length comparison, not a decode."""
     reason = rejected(token)
     assert reason == ("too long" if len(token) > MAX_TOKEN_CHARS else "malformed")
 

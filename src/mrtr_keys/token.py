@@ -25,8 +25,14 @@ KID_BYTES = 4
 KID_PATTERN = re.compile(r"[0-9a-f]{8}")
 """A kid as people and the key ring spell it: 8 lowercase hex characters."""
 
-MAX_TOKEN_CHARS = 65536
-"""Longest token any codec accepts (characters); checked before decoding."""
+MAX_TOKEN_CHARS = 4 * 1024 * 1024
+"""Longest token any codec accepts (characters, 4 MiB); checked before decoding.
+
+The MCP SDK's contract is that a codec round-trips any payload; the largest ``requestState`` that can
+reach a server is bounded by the request body its streamable HTTP transport accepts,
+``mcp.server.transport_security.DEFAULT_MAX_REQUEST_BODY_SIZE`` (4 MiB in mcp 2.3). A token is ASCII, so
+one character is one byte of that body: no token the SDK can deliver is refused for its length. The one
+cap every codec, the sidecar's payload limit and its default body limit derive from."""
 
 _B64_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 _PAD = ("", "", "==", "=")

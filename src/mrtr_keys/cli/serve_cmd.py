@@ -32,6 +32,14 @@ def serve(
             "--clients", envvar="MRTR_KEYS_CLIENTS", help="Client registry [default: clients.json in the state dir]."
         ),
     ] = None,
+    http: Annotated[
+        str | None,
+        typer.Option(
+            "--http",
+            envvar="MRTR_KEYS_HTTP",
+            help="corked (one write per response) or httptools (uvicorn's own writes) [default: corked].",
+        ),
+    ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Log lines as text or json [default: text].")
     ] = None,
@@ -75,6 +83,7 @@ def serve(
         single_use_clients=tuple(single_use_client) if single_use_client else None,
         single_use_audiences=tuple(single_use_audience) if single_use_audience else None,
         on_replay_store_error=on_replay_store_error,
+        http=http,
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

@@ -47,7 +47,7 @@ AUDIENCE_KDF_INFO = b"mrtr-keys/v1/aes-256-gcm/audience:"
 NONCE_BYTES = 12
 TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = (MAX_TOKEN_CHARS - len(TOKEN_PREFIX)) * 3 // 4 - KID_BYTES - NONCE_BYTES - TAG_BYTES
-"""Largest payload `seal` accepts (49117 bytes): its token is exactly `MAX_TOKEN_CHARS` long,
+"""Largest payload `seal` accepts (3,145,693 bytes): its token is exactly `MAX_TOKEN_CHARS` long,
 so everything `seal` returns is something `unseal` will open."""
 _PREFIX_BYTES = TOKEN_PREFIX.encode("ascii")
 _PREFIX_LEN = len(TOKEN_PREFIX)

@@ -48,6 +48,7 @@ from mrtr_keys.service.handlers import SidecarCore, respond
 from mrtr_keys.service.lifecycle import probe_audience
 from mrtr_keys.service.metrics import CONTENT_TYPE
 from mrtr_keys.service.outcomes import AuditSink, Handler, Headers, Receive, Result, Scope, Send
+from mrtr_keys.service.protocol import ConnectionLimits
 from mrtr_keys.service.reload import RingState
 
 __all__ = ["AuditSink", "SidecarApp", "SidecarCore", "app_from_env", "create_app", "probe_audience"]
@@ -73,6 +74,8 @@ class SidecarApp(FastAPI):
 
     core: SidecarCore
     fast_routes: dict[str, Handler]
+    connection_limits: ConnectionLimits
+    """Read by the HTTP protocol (`mrtr_keys.service.protocol`) for each connection."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -157,6 +160,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.core = core
+    app.connection_limits = ConnectionLimits.from_config(config)
     app.fast_routes = core.routes()
     errors: dict[int | str, dict[str, Any]] = {
         401: {"model": schemas.ErrorBody, "description": "No or wrong bearer secret."},

@@ -11,8 +11,14 @@ over the file, the file wins over the defaults::
     uds = "/run/mrtr/sidecar.sock"            # listen on a Unix socket (mode 0600) instead of TCP
     workers = 1
     reload_interval = 2.0                     # seconds between keystore / registry polls
-    max_body_bytes = 1048576
+    max_body_bytes = 4259840                  # default: the 4 MiB token cap + 64 KiB of JSON around it
     max_batch_items = 256
+    http = "corked"                           # or "httptools": uvicorn's own writes (else --http / MRTR_KEYS_HTTP)
+    max_header_bytes = 32768                  # a longer request head gets 431
+    header_timeout = 5.0                      # seconds for a request head to arrive (else closed, 408)
+    body_timeout = 5.0                        # seconds for a request body to arrive after its head (else closed)
+    keep_alive_timeout = 8.0                  # seconds an idle kept-alive connection stays open
+    max_connections = 4096                    # connections beyond it get 503 too_many_connections
     strict_audit = false                      # true: a failing audit sink fails the request (503)
     audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
     replay_store = "redis://127.0.0.1:6379/0" # single-use unseals (docs/single-use.md); or postgresql://...
@@ -30,18 +36,31 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.token import MAX_TOKEN_CHARS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8750
 DEFAULT_RELOAD_INTERVAL = 2.0
 MAX_RELOAD_INTERVAL = 86400.0
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-"""Largest request body accepted (bytes); larger ones get 413 before any parsing."""
+DEFAULT_MAX_BODY_BYTES = MAX_TOKEN_CHARS + 64 * 1024
+"""Largest request body accepted (bytes); larger ones get 413 before any parsing. The default holds one
+token (or one payload's base64url) at the token cap, `mrtr_keys.token.MAX_TOKEN_CHARS`, plus the JSON
+around it, so anything the MCP SDK's HTTP transport can deliver can be sealed or unsealed."""
 MAX_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BATCH_ITEMS = 256
 """Most items in one ``/v1/seal/batch`` or ``/v1/unseal/batch`` request."""
 MAX_MAX_BATCH_ITEMS = 10000
 MAX_WORKERS = 64
+HTTP_CHOICES = ("corked", "httptools")
+"""``corked``: uvicorn's httptools protocol writing each response in one ``writev`` (default);
+``httptools``: uvicorn's own writes. Both enforce the connection limits (`mrtr_keys.service.protocol`)."""
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024
+DEFAULT_HEADER_TIMEOUT = 5.0
+DEFAULT_BODY_TIMEOUT = 5.0
+DEFAULT_KEEP_ALIVE_TIMEOUT = 8.0
+"""Longer than httpx's 5 s pool expiry (`SidecarCodec`), so a client never reuses a connection we just closed."""
+DEFAULT_MAX_CONNECTIONS = 4096
+MAX_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,12 @@ class ServiceConfig:
     single_use_clients: tuple[str, ...] = ()
     single_use_audiences: tuple[str, ...] = ()
     on_replay_store_error: str = "deny"
+    http: str = "corked"
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
         for name in ("single_use_clients", "single_use_audiences"):
@@ -90,6 +115,12 @@ class ServiceConfig:
             raise ConfigError("host must be a non-empty string")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
+        if self.http not in HTTP_CHOICES:
+            raise ConfigError(f"http must be one of {', '.join(HTTP_CHOICES)}")
+        _int_in("max_header_bytes", self.max_header_bytes, 1024, 1024 * 1024)
+        _int_in("max_connections", self.max_connections, 1, 1_000_000)
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            _seconds(name, getattr(self, name))
 
     def with_overrides(self, **changes: Any) -> ServiceConfig:
         """A copy with every non-None value of `changes` applied (validated)."""
@@ -108,6 +139,15 @@ class ServiceConfig:
             return cls(**doc)
         except TypeError as exc:
             raise ConfigError(f"bad sidecar settings: {exc}") from None
+
+
+def _seconds(name: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT)
+    ):
+        raise ConfigError(f"{name} must be a number of seconds > 0 and <= {MAX_TIMEOUT:g}")
 
 
 def _int_in(name: str, value: object, low: int, high: int) -> None:

@@ -1,23 +1,224 @@
-"""uvicorn's httptools protocol with one socket write per response instead of two.
+"""uvicorn's httptools protocol with connection limits, and optionally one socket write per response.
 
+**Limits** (`ConnectionLimits`, docs/sidecar.md "Connection limits"): a request head must arrive within
+``header_timeout`` seconds of the connection opening or of its first byte, and be at most
+``max_header_bytes`` long; a request body must arrive within ``body_timeout`` seconds of its head;
+an idle kept-alive connection is closed after ``keep_alive_timeout`` (uvicorn's own timer). A connection
+that stalls is closed (408 when it had sent part of a head); a head over the limit gets 431; a
+connection opened while ``max_connections`` are open gets 503 ``{"error":"too_many_connections"}``. Those
+answers are sent with ``Connection: close`` and a lingering close (our side shuts its writing half and
+discards what still arrives for up to `LINGER_SECONDS`), so the client reads the answer instead of a
+reset. Deadlines are checked by one sweep per `SWEEP_SECONDS` over the open connections (a request costs
+two float stores, not a timer), so a stalled connection is closed within its timeout plus that.
+
+The hooks are the asyncio protocol methods and httptools' parser callbacks (``on_message_begin``,
+``on_headers_complete``, ``on_message_complete``), which uvicorn's class implements; uvicorn is pinned to
+the tested minor release in pyproject.toml and tests/service/test_protocol.py drives a real server.
+
+**Corked writes** (`CorkedHttpToolsProtocol`, the default; ``http = "httptools"`` switches it off):
 uvicorn writes the status line and headers on ``http.response.start`` and the body on
-``http.response.body``: two ``send`` system calls per small response, which on loopback was
-the largest single cost of a seal (about a quarter of the event loop's time under load).
-`CorkedTransport` buffers the writes a callback makes and hands them to the real transport
-in one ``writelines`` (one ``writev``) at the end of the current event-loop iteration
-(``loop.call_soon``), so header and body leave together. Ordering is unchanged; ``close``
-flushes first. Everything else is delegated to the real transport (flow control included:
-uvicorn's pause/resume callbacks come from the real transport's buffer).
-
-Selected by `mrtr_keys.service.server` as ``http="mrtr_keys.service.protocol:CorkedHttpToolsProtocol"``.
+``http.response.body``: two ``send`` system calls per small response, which on loopback was the largest
+single cost of a seal. `CorkedTransport` buffers the writes a callback makes and hands them to the real
+transport in one ``writelines`` (one ``writev``) at the end of the current event-loop iteration
+(``loop.call_soon``), so header and body leave together. Ordering is unchanged; ``close`` and
+``write_eof`` flush first. Everything else is delegated to the real transport (flow control included).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from mrtr_keys.service.config import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_HEADER_BYTES,
+    ServiceConfig,
+)
+
+SWEEP_SECONDS = 0.5
+"""How often deadlines are checked (seconds): a stalled connection lives at most its timeout plus this."""
+LINGER_SECONDS = 2.0
+"""How long a refused connection discards what the client still sends before it is closed (seconds)."""
+MAX_DISCARD_BYTES = 1024 * 1024
+"""A refused client sending more than this while we linger is cut off at once (bytes)."""
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Per-connection limits of the sidecar's HTTP server (units: bytes, seconds, connections)."""
+
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    @classmethod
+    def from_config(cls, config: ServiceConfig) -> ConnectionLimits:
+        return cls(config.max_header_bytes, config.header_timeout, config.body_timeout, config.max_connections)
+
+
+def _response(status: bytes, body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\nconnection: close\r\n\r\n"
+        + body
+    )
+
+
+TOO_MANY = _response(b"503 Service Unavailable", b'{"error":"too_many_connections"}')
+HEAD_TOO_LARGE = _response(b"431 Request Header Fields Too Large", b'{"error":"header_too_large"}')
+TIMED_OUT = _response(b"408 Request Timeout", b'{"error":"request_timeout"}')
+
+_HEAD, _BODY, _APP = 0, 1, 2
+
+
+def limits_of(app: Any) -> ConnectionLimits:
+    """The `ConnectionLimits` an app carries (``connection_limits``, through wrapping middleware), or defaults."""
+    for _ in range(8):
+        limits = getattr(app, "connection_limits", None)
+        if isinstance(limits, ConnectionLimits):
+            return limits
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return ConnectionLimits()
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """`HttpToolsProtocol` enforcing `ConnectionLimits` (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits_of(self.app)
+        self._phase = _HEAD
+        self._deadline = math.inf
+        self._head_bytes = 0
+        self._begun = 0
+        self._done = 0
+        self._refused = False
+        self._discarded = 0
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        over = len(self.connections) >= self._limits.max_connections
+        super().connection_made(transport)
+        if over:
+            self._refuse(TOO_MANY)
+            return
+        self._deadline = self.loop.time() + self._limits.header_timeout
+        _Sweeper.watch(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # lingering after a refusal: discard, up to a bound
+            self._discarded += len(data)
+            if self._discarded > MAX_DISCARD_BYTES:
+                self.transport.close()
+            return
+        done = self._done
+        super().data_received(data)
+        if self._phase == _HEAD and self._begun > self._done and not self._refused:
+            # A head is pending: this whole chunk was head unless a message also ended in it (pipelining),
+            # where the split is unknown and the next chunk counts (an overshoot of one read at most).
+            self._head_bytes = self._head_bytes + len(data) if self._done == done else 0
+            if self._head_bytes > self._limits.max_header_bytes:
+                self._refuse(HEAD_TOO_LARGE)
+
+    # ------------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = _HEAD
+        self._begun += 1
+        self._head_bytes = 0
+        if self._deadline == math.inf:  # a kept-alive connection's next request (the first keeps its deadline)
+            self._deadline = self.loop.time() + self._limits.header_timeout
+
+    def on_headers_complete(self) -> None:
+        # a head that arrived within one read is measured here (URL and header lines, as sent)
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self._limits.max_header_bytes:
+            self._refuse(HEAD_TOO_LARGE)
+            return
+        self._phase = _BODY
+        self._head_bytes = 0
+        self._deadline = self.loop.time() + self._limits.body_timeout
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        self._phase = _APP
+        self._done += 1
+        self._deadline = math.inf
+        super().on_message_complete()
+
+    # ------------------------------------------------------------------ limits
+
+    def _expired(self, now: float) -> bool:
+        """Close the connection if its head or body deadline passed; True if it did."""
+        if now < self._deadline or self._refused or self.transport is None or self.transport.is_closing():
+            return False
+        partial_head = self._phase == _HEAD and self._begun > self._done
+        responding = self.cycle is not None and not self.cycle.response_complete
+        if partial_head and not responding:
+            self._refuse(TIMED_OUT)
+        else:  # nothing sent, a body cut short, or a response on its way: just close
+            self.transport.close()
+        return True
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer `answer`, stop reading requests, shut our writing half, close after `LINGER_SECONDS`."""
+        self._refused = True
+        self._deadline = math.inf
+        transport = self.transport
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, transport.close)
+        else:
+            transport.close()
+
+
+class _Sweeper:
+    """One self-rescheduling check per event loop of every watched connection's deadline."""
+
+    _running: dict[asyncio.AbstractEventLoop, _Sweeper] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.watched: set[LimitedHttpToolsProtocol] = set()
+
+    @classmethod
+    def watch(cls, protocol: LimitedHttpToolsProtocol) -> None:
+        sweeper = cls._running.get(protocol.loop)
+        if sweeper is None:
+            sweeper = cls._running[protocol.loop] = _Sweeper(protocol.loop)
+            protocol.loop.call_later(SWEEP_SECONDS, sweeper.sweep)
+        sweeper.watched.add(protocol)
+
+    def sweep(self) -> None:
+        now = self.loop.time()
+        for protocol in list(self.watched):
+            if protocol.transport is None or protocol.transport.is_closing() or protocol._expired(now):
+                self.watched.discard(protocol)
+        if self.watched and not self.loop.is_closed():
+            self.loop.call_later(SWEEP_SECONDS, self.sweep)
+        else:
+            self._running.pop(self.loop, None)
 
 
 class CorkedTransport:
@@ -47,6 +248,10 @@ class CorkedTransport:
         else:
             self._transport.writelines(held)
 
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
     def close(self) -> None:
         self._flush()
         self._transport.close()
@@ -55,8 +260,8 @@ class CorkedTransport:
         return getattr(self._transport, name)
 
 
-class CorkedHttpToolsProtocol(HttpToolsProtocol):
-    """`HttpToolsProtocol` over a `CorkedTransport`."""
+class CorkedHttpToolsProtocol(LimitedHttpToolsProtocol):
+    """`LimitedHttpToolsProtocol` over a `CorkedTransport`."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CorkedTransport(transport, self.loop))  # type: ignore[arg-type]

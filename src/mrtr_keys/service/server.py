@@ -71,23 +71,52 @@ def check_listen_address(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-HTTP_PROTOCOL = "mrtr_keys.service.protocol:CorkedHttpToolsProtocol"
-"""httptools, one socket write per response (see `mrtr_keys.service.protocol`)."""
+HTTP_PROTOCOLS = {
+    "corked": "mrtr_keys.service.protocol:CorkedHttpToolsProtocol",
+    "httptools": "mrtr_keys.service.protocol:LimitedHttpToolsProtocol",
+}
+"""``http`` setting -> uvicorn protocol class: httptools with the connection limits, writing each response
+in one ``writev`` (``corked``) or with uvicorn's own writes (``httptools``); see `mrtr_keys.service.protocol`."""
 
 
 def _uvicorn_options(config: ServiceConfig) -> dict[str, Any]:
     return {
         "loop": "uvloop",
-        "http": HTTP_PROTOCOL,
+        "http": HTTP_PROTOCOLS[config.http],
         "lifespan": "on",
         "access_log": False,
         "server_header": False,
         "proxy_headers": False,  # no X-Forwarded-For rewriting: one less ASGI layer per request
         "log_level": "warning",
-        "log_config": None,  # uvicorn's loggers propagate to ours: one format (text or json) for every line
-        "timeout_keep_alive": 30,
+        "timeout_keep_alive": config.keep_alive_timeout,
         "backlog": 2048,
     }
+
+
+FD_RESERVE = 256
+"""File descriptors kept for everything but client connections (ring files, audit store, logs, workers)."""
+
+
+def raise_fd_limit(max_connections: int) -> int:
+    """Raise this process's soft open-file limit toward its hard limit to fit `max_connections`.
+
+    Returns the connection cap that fits (`max_connections`, or fewer when the hard limit is lower, with a
+    warning), so a flood is refused with 503 instead of failing ``accept`` with EMFILE.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+    if soft != resource.RLIM_INFINITY and soft < want:
+        fits = max(1, soft - FD_RESERVE)
+        log.warning("open-file limit %d fits %d connections, not max_connections=%d", soft, fits, max_connections)
+        return fits
+    return max_connections
 
 
 GC_THRESHOLD = (20_000, 50, 100)
@@ -152,6 +181,7 @@ def serve(config: ServiceConfig) -> None:
     from mrtr_keys.logs import configure_logging
 
     configure_logging(level=logging.INFO)  # --log-format / MRTR_KEYS_LOG_FORMAT, chosen by the CLI
+    config = config.with_overrides(max_connections=raise_fd_limit(config.max_connections))
     sock = bind_unix_socket(config.uds) if config.uds else None
     where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}"
     try:
@@ -159,10 +189,12 @@ def serve(config: ServiceConfig) -> None:
             app = create_app(config)
             warn_if_no_clients(app.core.auth.registry, app.core.auth.path, config)
             log.info(
-                "sidecar serving key ring generation %d on %s (reload every %g s)",
+                "sidecar serving key ring generation %d on %s (reload every %g s, http %s, at most %d connections)",
                 app.core.ring.ring.generation,
                 where,
                 config.reload_interval,
+                config.http,
+                config.max_connections,
             )
             uv = uvicorn.Config(app, host=config.host, port=config.port, **_uvicorn_options(config))
             tune_gc()
@@ -171,7 +203,7 @@ def serve(config: ServiceConfig) -> None:
             first = create_app(config)  # fail fast here, not in N workers
             warn_if_no_clients(first.core.auth.registry, first.core.auth.path, config)
             os.environ[ENV_CONFIG] = json.dumps(config.to_json())
-            log.info("sidecar starting %d workers on %s", config.workers, where)
+            log.info("sidecar starting %d workers on %s (http %s)", config.workers, where, config.http)
             opts: dict[str, Any] = {"fd": sock.fileno()} if sock else {"host": config.host, "port": config.port}
             uvicorn.run(
                 "mrtr_keys.service.app:app_from_env",

@@ -15,15 +15,15 @@ from typing import Any
 
 import orjson
 
+from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES
 from mrtr_keys.ring.scope import MAX_AUDIENCE_CHARS
 from mrtr_keys.service.clients import Client
 from mrtr_keys.service.outcomes import Loc, Outcome, forbidden, invalid
 from mrtr_keys.token import MalformedToken, b64u_decode
 
-MAX_PAYLOAD_BYTES = 32768
-"""Largest payload one seal accepts (bytes, before base64url); keeps every token under the token cap."""
 MAX_PAYLOAD_B64_CHARS = (MAX_PAYLOAD_BYTES * 4 + 2) // 3
-"""Longest ``payload`` text (unpadded base64url of `MAX_PAYLOAD_BYTES` bytes)."""
+"""Longest ``payload`` text (unpadded base64url of `MAX_PAYLOAD_BYTES` bytes: the largest payload whose token
+fits the one token cap, `mrtr_keys.token.MAX_TOKEN_CHARS`)."""
 
 AUDIENCE_MSG = f"required: a string of 1-{MAX_AUDIENCE_CHARS} Unicode characters"
 PAYLOAD_TYPE_MSG = "required: unpadded base64url text"
