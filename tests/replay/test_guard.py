@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys import replay
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
 from mrtr_keys.factory import request_state_security
-from mrtr_keys.replay import ReplayGuard, SingleUseCodec, Targets, open_store
+from mrtr_keys.replay import ReplayGuard, SingleUseCodec, Targets
 from mrtr_keys.replay.guard import token_bytes
 from tests.support.proxy import CountingProxy
 
@@ -29,7 +30,7 @@ def envelope(target: str = "approve_payment", *, method: str = "tools/call", exp
 
 def single_use(keystore_path: Path, url: str, **kw: Any) -> SingleUseCodec:
     inner = LocalAESGCMCodec(keystore_path, audience="svc")
-    return SingleUseCodec(inner, ReplayGuard(open_store(url), fallback_ttl=600.0, **kw))
+    return SingleUseCodec(inner, ReplayGuard(replay.open_store(url), fallback_ttl=600.0, **kw))
 
 
 def reason(fn: Any, *args: Any) -> str:
@@ -134,7 +135,7 @@ def test_targets_and_options_are_checked(keystore_path: Path) -> None:
     with pytest.raises(ConfigError):
         request_state_security(keystore_path, audience="svc", audit=False, single_use="ftp://x", on_store_error="deny")
     with pytest.raises(ConfigError):
-        ReplayGuard(open_store("redis://127.0.0.1:6379/13"), fallback_ttl=60, on_store_error="maybe")  # type: ignore[arg-type]
+        ReplayGuard(replay.open_store("redis://127.0.0.1:6379/13"), fallback_ttl=60, on_store_error="maybe")  # type: ignore[arg-type]
 
 
 def test_token_bytes_is_prefix_and_decoded_body() -> None:

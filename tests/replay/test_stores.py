@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
+from mrtr_keys import replay
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
-from mrtr_keys.replay import open_store
 from mrtr_keys.replay.store import KEY_BYTES
 from tests.support.proxy import CountingProxy
 
 
 def test_the_first_consume_of_an_id_wins_and_every_later_one_loses(replay_url: str) -> None:
-    a, b = open_store(replay_url), open_store(replay_url)  # two instances of a fleet
+    a, b = replay.open_store(replay_url), replay.open_store(replay_url)  # two instances of a fleet
     try:
         token_id, other = os.urandom(16), os.urandom(16)
         assert a.consume(token_id, 60_000) is True
@@ -30,10 +30,10 @@ def test_the_first_consume_of_an_id_wins_and_every_later_one_loses(replay_url: s
 
 
 def test_the_fleet_shares_one_hmac_key_created_on_first_use(replay_url: str) -> None:
-    a, b = open_store(replay_url), open_store(replay_url)
+    a, b = replay.open_store(replay_url), replay.open_store(replay_url)
     try:
         key = a.hmac_key()
-        assert len(key) == KEY_BYTES and key == b.hmac_key() and key == open_store(replay_url).hmac_key()
+        assert len(key) == KEY_BYTES and key == b.hmac_key() and key == replay.open_store(replay_url).hmac_key()
     finally:
         a.close()
         b.close()
@@ -43,14 +43,14 @@ def test_a_record_lives_as_long_as_asked(redis_replay_url: str, pg_replay_url: s
     import psycopg
     import redis
 
-    rs = open_store(redis_replay_url)
+    rs = replay.open_store(redis_replay_url)
     token_id = os.urandom(16)
     assert rs.consume(token_id, 90_000)
     client = redis.Redis.from_url(redis_replay_url.split("?")[0])
     prefix = redis_replay_url.split("prefix=")[1]
     assert 0 < client.pttl(prefix + token_id.hex()) <= 90_000
     rs.close()
-    ps = open_store(pg_replay_url)
+    ps = replay.open_store(pg_replay_url)
     assert ps.consume(token_id, 90_000)
     with psycopg.connect(pg_replay_url) as conn:
         row = conn.execute("SELECT extract(epoch FROM expires_at - now()) FROM mrtr_replay_tokens").fetchone()
@@ -62,7 +62,7 @@ def test_an_outage_raises_and_the_same_store_object_recovers(
     store_proxy: tuple[str, CountingProxy], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, proxy = store_proxy
-    store = open_store(url)
+    store = replay.open_store(url)
     try:
         assert store.consume(os.urandom(16), 60_000)
         proxy.stop()
@@ -85,8 +85,8 @@ def test_an_outage_raises_and_the_same_store_object_recovers(
 def test_store_urls_are_checked_when_opened() -> None:
     for bad in ("", "memcached://127.0.0.1:11211", "redis://127.0.0.1:6379/0?prefix="):
         with pytest.raises(ConfigError):
-            open_store(bad)
-    secret = open_store("redis://:hunter2@127.0.0.1:6379/0")
+            replay.open_store(bad)
+    secret = replay.open_store("redis://:hunter2@127.0.0.1:6379/0")
     assert "hunter2" not in repr(secret) and "hunter2" not in secret.url
 
 
@@ -123,7 +123,7 @@ def test_postgres_creates_its_table_on_first_use_and_purges_in_bounded_batches(
 
     with psycopg.connect(pg_replay_url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
-    store = open_store(pg_replay_url)
+    store = replay.open_store(pg_replay_url)
     try:
         assert store.consume(os.urandom(16), 60_000)  # creates the schema
         _expired_rows(pg_replay_url, 250, live=3)
