@@ -21,6 +21,7 @@ E2E_MODULES = frozenset(
         "audit/test_cli.py",
         "audit/test_gates.py",
         "audit/test_process_writer.py",
+        "audit/test_concurrent_start.py",
         "service/test_api.py",
         "service/test_reload.py",
         "service/test_clients_and_config.py",
@@ -28,8 +29,9 @@ E2E_MODULES = frozenset(
     }
 )
 """Modules (or single tests) that start processes without one of those fixtures."""
-E2E_PARAMS = frozenset({"sidecar", "kms", "vault-remote", "vault-datakey"})
-"""Parameters naming a codec whose backend is a real service (a fixture fetched by name at run time)."""
+E2E_PARAMS = ("sidecar", "kms", "vault", "aws")
+"""Prefixes of parameters naming a codec or keystore whose backend is a real service (sidecar, sidecar-sdk,
+kms, vault-remote, vault-datakey, vault-kv, aws-sm: fixtures fetched by name at run time)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -50,4 +52,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _service_param(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
-    return callspec is not None and any(isinstance(v, str) and v in E2E_PARAMS for v in callspec.params.values())
+    values = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(v, str) and v.startswith(E2E_PARAMS) for v in values)
