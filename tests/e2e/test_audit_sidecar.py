@@ -90,3 +90,28 @@ def test_strict_mode_refuses_and_readyz_fails_while_the_store_cannot_be_written(
     finally:
         http.close()
         sink.close()
+
+
+def test_root_audit_option_reaches_every_sidecar_worker(
+    keystore_path: Path, tmp_path: Path, sidecar_factory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mrtr-keys --audit URL serve --workers 2``: the store is passed to the workers in their settings
+    (not through the environment), so their seals land in URL and nothing in the default audit.db."""
+    import sys
+
+    from tests.fixtures import sidecar as sidecar_fixture
+
+    log = tmp_path / "sidecar-audit.jsonl"
+    url = f"jsonl://{log}"
+    cmd = [sys.executable, "-m", "mrtr_keys.cli.main", "--audit", url, "serve"]
+    monkeypatch.setattr(sidecar_fixture, "SERVE", cmd)
+    _, secret = add_client(keystore_path.parent / "clients.json", "web", audiences=["svc"], ops=["seal", "unseal"])
+    side = sidecar_factory(keystore_path, extra=["--workers", "2"])
+    codec = side.codec("svc", secret)
+    tokens = [codec.seal(b"x") for _ in range(4)]
+    assert [codec.unseal(t) for t in tokens] == [b"x"] * 4
+    side.stop()
+    events = cli("audit", "query", "--audit", url, "--json", keystore=keystore_path).json()
+    assert sorted(e["op"] for e in events if e["op"] in ("seal", "unseal")) == ["seal"] * 4 + ["unseal"] * 4
+    assert any(e["op"] == "ring-loaded" for e in events)
+    assert not list(keystore_path.parent.glob("audit.db*"))

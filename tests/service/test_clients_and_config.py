@@ -118,3 +118,20 @@ def test_config_file_and_overrides(tmp_path: Path) -> None:
     cfg.write_text("[sidecar]\nport = 9000\nreload_interval = 5\nmax_batch_items = 10\n")
     config = load_config(cfg).with_overrides(port=9001, host=None)
     assert (config.port, config.reload_interval, config.max_batch_items, config.host) == (9001, 5, 10, "127.0.0.1")
+
+
+def test_workers_get_their_settings_in_the_import_string_not_the_environment() -> None:
+    """uvicorn gives spawned workers only an import string: the settings (audit store included) ride in it."""
+    import importlib
+    import os
+
+    from mrtr_keys.service.server import worker_import_string
+
+    config = ServiceConfig(keystore="/srv/ring.json", workers=3, audit="jsonl:///srv/audit.jsonl", reload_interval=0.5)
+    before = dict(os.environ)
+    module, _, attr = worker_import_string(config).partition(":")
+    factory = getattr(importlib.import_module(module), attr)
+    assert factory.args == (config,)
+    assert dict(os.environ) == before
+    with pytest.raises(ConfigError, match="audit"):
+        ServiceConfig(audit=5)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@
 
 Both raise `NotYet` (exit 75) naming what they wait for; ``--force`` overrides and the step is
 recorded with reason ``forced``. `rotation_gate` gives the callable `mrtr_keys.ring.rotation.run_step`
-takes as ``gate=``.
+takes as ``gate=``; `rotation_gate_for` picks the store of a key ring (what ``mrtr-keys rotate`` uses).
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal
 
 from mrtr_keys.audit.events import OP_RING_LOADED, format_dt, parse_event_time
 from mrtr_keys.audit.stores.base import AuditStore, Query
 from mrtr_keys.errors import NotYet
 from mrtr_keys.ring.model import KeyRing
+
+if TYPE_CHECKING:
+    from mrtr_keys.keystores import Keystore
 
 DEFAULT_WINDOW_SECONDS = 600.0
 """An instance counts for the promote gate if it wrote any event this recently (seconds)."""
@@ -112,3 +116,21 @@ def rotation_gate(store: AuditStore, *, window: float = DEFAULT_WINDOW_SECONDS) 
             check_retire(store, ring, st.old.kid, now)
 
     return gate
+
+
+def rotation_gate_for(
+    keystore: Keystore, *, audit: str | Literal[False] | None = None, window: float | None = None
+) -> Gate | None:
+    """The rotation gate over the audit store of the ring in `keystore` (`audit`, else
+    ``MRTR_KEYS_AUDIT``, else ``audit.db`` beside the ring), or None when there is none to read:
+    auditing off, or the default SQLite file never written (then only the rotation's time gate applies).
+
+    Raises:
+        ConfigError: a bad store URL; AuditError: the store cannot be opened.
+    """
+    from mrtr_keys.audit.stores.url import existing_store
+
+    store = existing_store(keystore, audit=audit)
+    if store is None:
+        return None
+    return rotation_gate(store, window=DEFAULT_WINDOW_SECONDS if window is None else window)

@@ -1,4 +1,7 @@
-"""Key ring changes as audit events: a listener for `mrtr_keys.ring.apply.add_change_listener`.
+"""Key ring changes as audit events: `change_listener()` is a `mrtr_keys.ring.apply.ChangeListener`.
+
+Pass it to any change (``run_step(..., listeners=[change_listener()])``, ``create_ring``,
+``mrtr_keys.ring.scope.add``/``remove``, ``rewrap``) to get the records the CLI writes.
 
 Each saved change (``init``, ``begin``, ``promote``, ``retire``, ``rewrap``, ``audience``) becomes
 one event, written synchronously: ``kid`` is the key the step is about (the new key for init,
@@ -18,7 +21,7 @@ from mrtr_keys.errors import AuditError
 
 if TYPE_CHECKING:
     from mrtr_keys.keystores import Keystore
-    from mrtr_keys.ring.apply import ChangeResult
+    from mrtr_keys.ring.apply import ChangeListener, ChangeResult
     from mrtr_keys.ring.model import KeyRing
 
 
@@ -56,7 +59,7 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
     )
 
 
-def change_listener(audit: str | Literal[False] | None = None) -> ChangeListenerType:
+def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener:
     """A listener recording every saved change in the store `audit` names (see
     `mrtr_keys.audit.stores.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
 
@@ -81,22 +84,3 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
             ) from None
 
     return listener
-
-
-if TYPE_CHECKING:
-    from mrtr_keys.ring.apply import ChangeListener as ChangeListenerType
-else:
-    ChangeListenerType = object
-
-_installed: set[object] = set()
-
-
-def install(audit: str | Literal[False] | None = None) -> None:
-    """Register `change_listener(audit)` once per process (the CLI calls this at start)."""
-    from mrtr_keys.ring.apply import add_change_listener
-
-    key = audit
-    if key in _installed:
-        return
-    _installed.add(key)
-    add_change_listener(change_listener(audit))

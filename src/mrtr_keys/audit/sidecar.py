@@ -103,4 +103,5 @@ def factory(config: Any) -> SidecarAudit | None:
     from mrtr_keys.keystores import open_keystore
 
     store = open_keystore(getattr(config, "keystore", None))
-    return sidecar_audit(store.directory, strict=bool(getattr(config, "strict_audit", False)))
+    audit = getattr(config, "audit", None)
+    return sidecar_audit(store.directory, audit=audit, strict=bool(getattr(config, "strict_audit", False)))

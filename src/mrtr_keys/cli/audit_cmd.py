@@ -18,7 +18,6 @@ import typer
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.gates import Gate
     from mrtr_keys.audit.stores.base import AuditStore, Query
     from mrtr_keys.keystores import Keystore
 
@@ -37,22 +36,6 @@ AuditOpt = Annotated[
 SinceOpt = Annotated[str | None, typer.Option("--since", help="From this time: 1h, 15m, 2d, or ISO 8601.")]
 UntilOpt = Annotated[str | None, typer.Option("--until", help="Before this time: 1h, 15m, 2d, or ISO 8601.")]
 
-_root_audit: str | None = None
-
-
-def configure(audit: str | None) -> None:
-    """Called by the root command: remember ``--audit`` and record key ring changes in that store."""
-    global _root_audit
-    import os
-
-    from mrtr_keys.audit import ring_changes
-    from mrtr_keys.audit.stores.url import ENV_AUDIT
-
-    _root_audit = audit
-    if audit is not None:
-        os.environ[ENV_AUDIT] = audit  # so codecs, the sidecar and its workers use the same store
-    ring_changes.install(audit)
-
 
 def _keystore(location: str | None) -> Keystore:
     from mrtr_keys.keystores import open_keystore
@@ -60,19 +43,13 @@ def _keystore(location: str | None) -> Keystore:
     return open_keystore(location)
 
 
-def store_url(audit: str | None, keystore: Keystore) -> str | None:
-    """The audit store URL for this run, or None when auditing is off."""
-    from mrtr_keys.audit.stores.url import resolve_url
-
-    return resolve_url(audit if audit is not None else _root_audit, keystore.directory)
-
-
 def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) -> AuditStore:
     from mrtr_keys.audit.stores.sqlite import path_from_url
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.stores.url import open_store, store_url
+    from mrtr_keys.cli.options import root_audit
     from mrtr_keys.errors import ConfigError
 
-    url = store_url(audit, _keystore(keystore_))
+    url = store_url(audit if audit is not None else root_audit(), _keystore(keystore_))
     if url is None:
         raise ConfigError("auditing is off (--audit off / MRTR_KEYS_AUDIT=off): there is no audit log to read")
     scheme = url.partition(":")[0].lower()
@@ -81,29 +58,6 @@ def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) 
         if not path.exists():
             raise ConfigError(f"no audit log at {path} (nothing recorded yet, or use --audit URL)")
     return open_store(url)
-
-
-def existing_store(keystore: Keystore) -> AuditStore | None:
-    """The audit store for `keystore`, or None when auditing is off or nothing was ever recorded."""
-    from mrtr_keys.audit.stores.sqlite import path_from_url
-    from mrtr_keys.audit.stores.url import open_store
-
-    url = store_url(None, keystore)
-    if url is None:
-        return None
-    if url.startswith("sqlite:") and not path_from_url(url).exists():
-        return None  # nothing was ever recorded: behave as before the audit log existed
-    return open_store(url)
-
-
-def rotation_gate_for(keystore: Keystore, *, window: float | None = None) -> Gate | None:
-    """The audit log's rotation gate for `keystore`, or None when there is no audit store (no gate)."""
-    from mrtr_keys.audit.gates import DEFAULT_WINDOW_SECONDS, rotation_gate
-
-    store = existing_store(keystore)
-    if store is None:
-        return None
-    return rotation_gate(store, window=DEFAULT_WINDOW_SECONDS if window is None else window)
 
 
 def _query(

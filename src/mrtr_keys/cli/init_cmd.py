@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, change_listeners, keystore
 
 
 def init(
@@ -63,9 +63,13 @@ def init(
     store = keystore(keystore_)
     if from_sdk_key_file is not None:
         secrets = read_sdk_key_file(from_sdk_key_file, encoding)
-        result = create_ring_from_sdk_keys(store, secrets, ttl=ttl, audiences=audience or ())
+        result = create_ring_from_sdk_keys(
+            store, secrets, ttl=ttl, audiences=audience or (), listeners=change_listeners()
+        )
     else:
-        result = create_ring(store, codec=CodecSpec(codec, params), ttl=ttl, audiences=audience or ())
+        result = create_ring(
+            store, codec=CodecSpec(codec, params), ttl=ttl, audiences=audience or (), listeners=change_listeners()
+        )
     ring = result.ring
     if json_:
         print_json(

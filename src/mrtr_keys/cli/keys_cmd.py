@@ -74,11 +74,12 @@ def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> 
 @app.command("destroy")
 def destroy(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Remove a retired key's material for good (the record stays); refused for any other state."""
+    from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.ring.apply import apply_change
     from mrtr_keys.ring.lifecycle import destroy as destroy_key
 
     store = keystore(keystore_)
-    result = apply_change(store, "destroy", lambda ring, now: destroy_key(ring, kid, now))
+    result = apply_change(store, "destroy", lambda ring, now: destroy_key(ring, kid, now), listeners=change_listeners())
     _print_result(result, json_)
 
 
@@ -91,6 +92,7 @@ def ttl(
     json_: JsonOpt = False,
 ) -> None:
     """Show or change the ring's TTL without a rotation: raising is at once, lowering takes two runs."""
+    from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.cli.output import print_fields, print_json
     from mrtr_keys.ring.apply import apply_change
     from mrtr_keys.ring.lifecycle import parse_duration, set_ttl, ttl_info
@@ -102,7 +104,12 @@ def ttl(
         return
     value = parse_duration(seconds, "TTL")
     last_old_seal = _last_old_seal(store)
-    result = apply_change(store, "ttl", lambda ring, now: set_ttl(ring, value, now, last_old_seal=last_old_seal))
+    result = apply_change(
+        store,
+        "ttl",
+        lambda ring, now: set_ttl(ring, value, now, last_old_seal=last_old_seal),
+        listeners=change_listeners(),
+    )
     _print_result(result, json_)
 
 
@@ -111,9 +118,10 @@ def _last_old_seal(store: Any) -> Any:
     ring = store.load()
     if ring.ttl_lowering is None:
         return None
-    from mrtr_keys.cli.audit_cmd import existing_store
+    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.cli.options import root_audit
 
-    audit = existing_store(store)
+    audit = existing_store(store, audit=root_audit())
     if audit is None:
         return None
     from mrtr_keys.audit.ttl_evidence import last_seal_by_earlier_instances

@@ -26,7 +26,7 @@ from mrtr_keys.cli import (
     scope_cmd,
     serve_cmd,
 )
-from mrtr_keys.cli.options import JsonOpt, StateDirOpt
+from mrtr_keys.cli.options import JsonOpt, StateDirOpt, set_root_audit
 
 app = typer.Typer(
     name="mrtr-keys",
@@ -78,7 +78,7 @@ def _root(
 
     configure_logging(log_format)
     set_state_dir(state_dir)  # audit key, default audit log, client registry, lock files (docs/keystores.md)
-    audit_cmd.configure(audit)  # key ring changes are recorded in the audit store (docs/audit.md)
+    set_root_audit(audit)  # ring changes and rotation gates use this store (docs/audit.md)
 
 
 @app.command("version")

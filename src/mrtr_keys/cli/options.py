@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from mrtr_keys.ring.apply import ChangeListener
 
 KeystoreOpt = Annotated[
     str | None,
@@ -34,3 +37,24 @@ def keystore(location: str | None):  # type: ignore[no-untyped-def]
     from mrtr_keys.keystores import open_keystore
 
     return open_keystore(location)
+
+
+_root_audit: list[str | None] = [None]
+"""The root command's ``--audit`` for this run (the CLI's only state; never put in the environment)."""
+
+
+def set_root_audit(audit: str | None) -> None:
+    """Remember the root ``--audit URL`` (or ``MRTR_KEYS_AUDIT``) for the commands of this run."""
+    _root_audit[0] = audit
+
+
+def root_audit() -> str | None:
+    """The root ``--audit`` value of this run, or None (then the library's default applies)."""
+    return _root_audit[0]
+
+
+def change_listeners() -> tuple[ChangeListener, ...]:
+    """What every ring-changing command passes as ``listeners=``: the audit log's change recorder."""
+    from mrtr_keys.audit.ring_changes import change_listener
+
+    return (change_listener(root_audit()),)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, change_listeners, keystore
 
 
 def rewrap(
@@ -20,7 +20,7 @@ def rewrap(
     from mrtr_keys.cli.output import print_json, print_line
     from mrtr_keys.ring.rewrap import rewrap as run_rewrap
 
-    result = run_rewrap(keystore(keystore_), kms_key_id)
+    result = run_rewrap(keystore(keystore_), kms_key_id, listeners=change_listeners())
     if json_:
         print_json(
             {

@@ -58,7 +58,8 @@ def _step(
     window: float | None = None,
     if_older_than: str | None = None,
 ) -> None:
-    from mrtr_keys.cli.audit_cmd import rotation_gate_for
+    from mrtr_keys.audit.gates import rotation_gate_for
+    from mrtr_keys.cli.options import change_listeners, root_audit
     from mrtr_keys.ring.rotation import run_step
 
     store = keystore(keystore_)
@@ -70,8 +71,9 @@ def _step(
         if skip is not None:
             _print(skip, json_)
             return
-    gate = rotation_gate_for(store, window=window)  # the audit log's gates (docs/audit.md); None without a log
-    _print(run_step(store, step, force=force, ttl=ttl, gate=gate), json_)
+    # the audit log's gates (docs/audit.md); None without a log
+    gate = rotation_gate_for(store, audit=root_audit(), window=window)
+    _print(run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners()), json_)
 
 
 def _print(result: ChangeResult, json_: bool) -> None:
@@ -135,7 +137,8 @@ def next_(
 @app.command("abort")
 def abort(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Undo a begin before promote (the new key is removed); refused once promoted."""
+    from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.ring.apply import apply_change
     from mrtr_keys.ring.lifecycle import abort as abort_rotation
 
-    _print(apply_change(keystore(keystore_), "abort", abort_rotation), json_)
+    _print(apply_change(keystore(keystore_), "abort", abort_rotation, listeners=change_listeners()), json_)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import KeystoreOpt
+from mrtr_keys.cli.options import KeystoreOpt, root_audit
 
 
 def serve(
@@ -84,6 +84,7 @@ def serve(
         single_use_audiences=tuple(single_use_audience) if single_use_audience else None,
         on_replay_store_error=on_replay_store_error,
         http=http,
+        audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT, passed on (workers get it in the config)
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

@@ -5,11 +5,18 @@ goes through `apply_change`, so each change is one generation, serialised
 against cooperating writers by the keystore lock and protected against any
 other writer by compare-and-swap. If anything fails before the save, the
 stored ring is unchanged.
+
+After a change is saved, each of the `listeners` the caller passes is called with it. Nothing is
+registered globally: the CLI passes the audit log's listener, and a library user who wants the
+same audit records passes it too::
+
+    from mrtr_keys.audit.ring_changes import change_listener
+    run_step(store, "begin", listeners=[change_listener()])  # recorded like `mrtr-keys rotate begin`
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -37,16 +44,26 @@ Transform = Callable[[KeyRing, datetime], ChangeResult]
 """Pure step: given the stored ring and the time, say what the new ring is (or that nothing changes)."""
 
 ChangeListener = Callable[[ChangeResult, KeyRing, Keystore], None]
-_listeners: list[ChangeListener] = []
+"""Called as ``listener(result, before, keystore)`` after a change is saved (e.g.
+`mrtr_keys.audit.ring_changes.change_listener`); not called when nothing changed."""
 
 
-def add_change_listener(listener: ChangeListener) -> None:
-    """Call `listener(result, before, keystore)` after every saved change (the audit log uses this)."""
-    _listeners.append(listener)
+def notify(listeners: Sequence[ChangeListener], result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
+    """Call every listener with a saved change, in order (a listener's exception propagates: the
+    change is already saved, so the message must say so, as the audit listener's does)."""
+    for listener in listeners:
+        listener(result, before, keystore)
 
 
-def apply_change(keystore: Keystore, op: str, transform: Transform, *, now: datetime | None = None) -> ChangeResult:
-    """Run `transform` on the stored ring and save the result as the next generation.
+def apply_change(
+    keystore: Keystore,
+    op: str,
+    transform: Transform,
+    *,
+    now: datetime | None = None,
+    listeners: Sequence[ChangeListener] = (),
+) -> ChangeResult:
+    """Run `transform` on the stored ring and save the result as the next generation; then call `listeners`.
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: the ring cannot be loaded.
@@ -80,6 +97,5 @@ def apply_change(keystore: Keystore, op: str, transform: Transform, *, now: date
             kid=str(kid) if kid else None,
             reason="forced" if result.forced else None,
         )
-    for listener in list(_listeners):
-        listener(saved, before, keystore)
+    notify(listeners, saved, before, keystore)
     return saved

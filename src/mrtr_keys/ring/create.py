@@ -9,7 +9,7 @@ from typing import Any
 from mrtr_keys.backends import backend_for
 from mrtr_keys.errors import KeyRingExists
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.apply import ChangeResult, _listeners
+from mrtr_keys.ring.apply import ChangeListener, ChangeResult, notify
 from mrtr_keys.ring.model import (
     DEFAULT_TTL_SECONDS,
     CodecSpec,
@@ -31,6 +31,7 @@ def create_ring(
     audiences: Sequence[str] = (),
     now: datetime | None = None,
     backend_options: dict[str, Any] | None = None,
+    listeners: Sequence[ChangeListener] = (),
 ) -> ChangeResult:
     """Create a ring with one primary key and store it.
 
@@ -38,6 +39,7 @@ def create_ring(
         codec: the codec the ring is for (default local).
         ttl: the requestState TTL the rotation gate assumes (seconds, > 0).
         audiences: the initial audience scope (empty: any).
+        listeners: called with the ``init`` change once the ring is stored (see `mrtr_keys.ring.apply`).
 
     Raises:
         KeyRingExists: a ring is already stored there (it is left untouched).
@@ -61,8 +63,7 @@ def create_ring(
     ring = backend.apply("init", None, ring)
     keystore.create(ring)
     result = ChangeResult("init", True, ring, f"key ring created; primary key {kid}", details={"new": kid})
-    for listener in list(_listeners):
-        listener(result, ring, keystore)
+    notify(listeners, result, ring, keystore)
     return result
 
 
@@ -73,6 +74,7 @@ def create_ring_from_sdk_keys(
     ttl: float = DEFAULT_TTL_SECONDS,
     audiences: Sequence[str] = (),
     now: datetime | None = None,
+    listeners: Sequence[ChangeListener] = (),
 ) -> ChangeResult:
     """Create a local ring whose keys are the MCP SDK's ``keys=[...]`` (docs/migration.md).
 
@@ -80,7 +82,7 @@ def create_ring_from_sdk_keys(
     codecs over the ring mint and open the SDK's own ``v1.`` tokens; the others become ``verify``
     keys already demoted (the ring starts in phase 2 of a rotation away from them: `rotate retire`
     after TTL + 60 s). Each kid is the one the SDK derives, which `mrtr-keys inspect` shows for a
-    ``v1.`` token.
+    ``v1.`` token. `listeners` are called with the ``init`` change, as for `create_ring`.
 
     Raises:
         KeyRingExists: a ring is already stored there (it is left untouched).
@@ -132,6 +134,5 @@ def create_ring_from_sdk_keys(
     message = f"key ring created from {len(keys)} MCP SDK key(s); primary key {primary} (SDK format, v1. tokens)"
     details = {"new": primary, "format": KeyFormat.SDK_V1.value, "sdk_keys": [k.kid for k in keys]}
     result = ChangeResult("init", True, ring, message, details=details)
-    for listener in list(_listeners):
-        listener(result, ring, keystore)
+    notify(listeners, result, ring, keystore)
     return result

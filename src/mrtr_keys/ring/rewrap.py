@@ -12,18 +12,24 @@ Retired keys are left as they are: they are never unwrapped again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
 from mrtr_keys.backends.kms.client import KMSService, checked_wrapped_key, ring_key_id
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.apply import ChangeResult, apply_change
+from mrtr_keys.ring.apply import ChangeListener, ChangeResult, apply_change
 from mrtr_keys.ring.model import CodecSpec, Key, KeyRing
 
 
 def rewrap(
-    keystore: Keystore, kms_key_id: str, *, service: KMSService | None = None, now: datetime | None = None
+    keystore: Keystore,
+    kms_key_id: str,
+    *,
+    service: KMSService | None = None,
+    now: datetime | None = None,
+    listeners: Sequence[ChangeListener] = (),
 ) -> ChangeResult:
     """Re-wrap every usable data key of the stored KMS ring under `kms_key_id` (ARN, key id or alias).
 
@@ -83,4 +89,4 @@ def rewrap(
             details={**details, "rewrapped": kids},
         )
 
-    return apply_change(keystore, "rewrap", transform, now=now)
+    return apply_change(keystore, "rewrap", transform, now=now, listeners=listeners)

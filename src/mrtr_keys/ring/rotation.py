@@ -15,7 +15,7 @@ step to a keystore through `mrtr_keys.ring.apply.apply_change`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -24,7 +24,7 @@ from typing import Any
 from mrtr_keys.backends import Backend, backend_for
 from mrtr_keys.errors import ConfigError, NotYet, RotationError
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.apply import ChangeResult, apply_change
+from mrtr_keys.ring.apply import ChangeListener, ChangeResult, apply_change
 from mrtr_keys.ring.model import Key, KeyRing, KeyState, check_ttl, format_time, new_kid
 
 FUTURE_SKEW_SECONDS = 60.0
@@ -250,8 +250,12 @@ def run_step(
     force: bool = False,
     ttl: float | None = None,
     gate: Callable[[str, KeyRing, datetime], None] | None = None,
+    listeners: Sequence[ChangeListener] = (),
 ) -> ChangeResult:
     """Apply a rotation step to the stored ring (see `transition`, `apply_change`).
+
+    `listeners` are called with the saved change (pass the audit log's
+    `mrtr_keys.audit.ring_changes.change_listener()` to record it as the CLI does).
 
     `gate(step, ring, now)`, if given, runs first with ``next`` resolved to the step it means
     (the audit log's gates, `mrtr_keys.audit.gates`); it raises `NotYet` to refuse. `force`
@@ -272,5 +276,4 @@ def run_step(
             result = replace(result, forced=True, message=f"{result.message} (forced past a gate: {overridden})")
         return result
 
-    result = apply_change(keystore, step, transform, now=now)
-    return result
+    return apply_change(keystore, step, transform, now=now, listeners=listeners)

@@ -7,11 +7,12 @@ Codecs check the scope at construction (`KeyRing.check_audience`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.apply import ChangeResult, apply_change
+from mrtr_keys.ring.apply import ChangeListener, ChangeResult, apply_change
 from mrtr_keys.ring.model import KeyRing
 
 MAX_AUDIENCE_CHARS = 256
@@ -24,8 +25,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def add(keystore: Keystore, name: str, *, now: datetime | None = None) -> ChangeResult:
-    """Add `name` to the scope (no-op if present)."""
+def add(
+    keystore: Keystore, name: str, *, now: datetime | None = None, listeners: Sequence[ChangeListener] = ()
+) -> ChangeResult:
+    """Add `name` to the scope (no-op if present); `listeners` as for `mrtr_keys.ring.apply.apply_change`."""
     check_name(name)
 
     def transform(ring: KeyRing, at: datetime) -> ChangeResult:
@@ -34,11 +37,18 @@ def add(keystore: Keystore, name: str, *, now: datetime | None = None) -> Change
         after = ring.next_generation(audiences=(*ring.audiences, name))
         return ChangeResult("audience", True, after, f"audience {name!r} added", details={"added": name})
 
-    return apply_change(keystore, "audience", transform, now=now)
+    return apply_change(keystore, "audience", transform, now=now, listeners=listeners)
 
 
-def remove(keystore: Keystore, name: str, *, allow_any: bool = False, now: datetime | None = None) -> ChangeResult:
-    """Remove `name` from the scope (no-op if absent).
+def remove(
+    keystore: Keystore,
+    name: str,
+    *,
+    allow_any: bool = False,
+    now: datetime | None = None,
+    listeners: Sequence[ChangeListener] = (),
+) -> ChangeResult:
+    """Remove `name` from the scope (no-op if absent); `listeners` as for `mrtr_keys.ring.apply.apply_change`.
 
     Removing the last audience would leave the scope empty, which allows ANY audience: a
     revocation that widens access. That needs `allow_any=True` (``--allow-any``).
@@ -61,4 +71,4 @@ def remove(keystore: Keystore, name: str, *, allow_any: bool = False, now: datet
             msg += "; the scope is now empty, which allows any audience"
         return ChangeResult("audience", True, after, msg, details={"removed": name})
 
-    return apply_change(keystore, "audience", transform, now=now)
+    return apply_change(keystore, "audience", transform, now=now, listeners=listeners)

@@ -124,7 +124,7 @@ def create_app(
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)
         from mrtr_keys.audit.sidecar import sidecar_audit
 
-        audit = sidecar_audit(store.directory, strict=config.strict_audit)
+        audit = sidecar_audit(store.directory, audit=config.audit, strict=config.strict_audit)
     ring = RingState(store, backend_options=backend_options)
     auth = ClientAuth(registry_path(store.directory, config.clients))
     ring.prepare(auth.registry.audiences())

@@ -19,6 +19,7 @@ over the file, the file wins over the defaults::
     body_timeout = 5.0                        # seconds for a request body to arrive after its head (else closed)
     keep_alive_timeout = 8.0                  # seconds an idle kept-alive connection stays open
     max_connections = 4096                    # connections beyond it get 503 too_many_connections
+    audit = "sqlite:///var/lib/mrtr/audit.db"  # else MRTR_KEYS_AUDIT, else audit.db beside the ring; "off"
     strict_audit = false                      # true: a failing audit sink fails the request (503)
     audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
     replay_store = "redis://127.0.0.1:6379/0" # single-use unseals (docs/single-use.md); or postgresql://...
@@ -76,6 +77,7 @@ class ServiceConfig:
     reload_interval: float = DEFAULT_RELOAD_INTERVAL
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
+    audit: str | None = None
     strict_audit: bool = False
     audit_factory: str | None = None
     replay_store: str | None = None
@@ -113,6 +115,8 @@ class ServiceConfig:
             raise ConfigError(f"reload_interval must be a number of seconds > 0 and <= {MAX_RELOAD_INTERVAL:g}")
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError("host must be a non-empty string")
+        if self.audit is not None and not isinstance(self.audit, str):
+            raise ConfigError("audit must be a store URL (sqlite:///PATH, postgresql://..., jsonl:///PATH) or off")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
         if self.http not in HTTP_CHOICES:

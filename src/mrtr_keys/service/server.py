@@ -8,6 +8,7 @@ sidecar's user (and root) can connect: the file mode is the access control.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -174,7 +175,7 @@ def serve(config: ServiceConfig) -> None:
     """
     import uvicorn
 
-    from mrtr_keys.service.app import ENV_CONFIG, create_app
+    from mrtr_keys.service.app import create_app
 
     _Server = _server_class()
 
@@ -202,11 +203,10 @@ def serve(config: ServiceConfig) -> None:
         else:
             first = create_app(config)  # fail fast here, not in N workers
             warn_if_no_clients(first.core.auth.registry, first.core.auth.path, config)
-            os.environ[ENV_CONFIG] = json.dumps(config.to_json())
             log.info("sidecar starting %d workers on %s (http %s)", config.workers, where, config.http)
             opts: dict[str, Any] = {"fd": sock.fileno()} if sock else {"host": config.host, "port": config.port}
             uvicorn.run(
-                "mrtr_keys.service.app:app_from_env",
+                worker_import_string(config),
                 factory=True,
                 workers=config.workers,
                 **opts,
@@ -217,3 +217,35 @@ def serve(config: ServiceConfig) -> None:
             sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(str(config.uds))
+
+
+_WORKER_APP = "worker_app_"
+
+
+def worker_import_string(config: ServiceConfig) -> str:
+    """The ``module:attribute`` uvicorn imports in each worker process: a factory of the app for `config`.
+
+    uvicorn hands spawned workers nothing but an import string, so the settings travel inside it (the
+    hex of their JSON; paths, numbers and URLs, no secret), not through this process's environment.
+    """
+    doc = json.dumps(config.to_json(), sort_keys=True, separators=(",", ":"))
+    return f"{__name__}:{_WORKER_APP}{doc.encode().hex()}"
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve `worker_import_string`'s attribute to an app factory over the settings it carries."""
+    if not name.startswith(_WORKER_APP):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        config = ServiceConfig.from_json(json.loads(bytes.fromhex(name.removeprefix(_WORKER_APP))))
+    except ValueError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return functools.partial(_worker_app, config)
+
+
+def _worker_app(config: ServiceConfig) -> Any:
+    from mrtr_keys.service.app import create_app
+
+    app = create_app(config)
+    tune_gc()
+    return app

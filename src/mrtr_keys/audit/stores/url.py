@@ -15,6 +15,7 @@ from mrtr_keys.errors import ConfigError
 
 if TYPE_CHECKING:  # every CLI command imports this module: keep it light
     from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.keystores import Keystore
 
 ENV_AUDIT = "MRTR_KEYS_AUDIT"
 OFF_VALUES = frozenset({"off", "none", "false", "0", "no"})
@@ -42,6 +43,30 @@ def resolve_url(audit: str | Literal[False] | None, directory: str | os.PathLike
         if value:
             return value
     return default_url(directory) if directory is not None else None
+
+
+def store_url(audit: str | Literal[False] | None, keystore: Keystore) -> str | None:
+    """The audit store URL for the ring in `keystore`: `audit`, else ``MRTR_KEYS_AUDIT``, else
+    ``audit.db`` beside the ring (`resolve_url`); None when auditing is off."""
+    return resolve_url(audit, keystore.directory)
+
+
+def existing_store(keystore: Keystore, *, audit: str | Literal[False] | None = None) -> AuditStore | None:
+    """The audit store of the ring in `keystore` (as `store_url` picks it), or None when auditing is
+    off or the default SQLite file was never written (nothing recorded yet: nothing to read).
+
+    Raises:
+        ConfigError: a bad store URL; AuditError: the store cannot be opened.
+    """
+    url = store_url(audit, keystore)
+    if url is None:
+        return None
+    if url.startswith("sqlite:"):
+        from mrtr_keys.audit.stores.sqlite import path_from_url
+
+        if not path_from_url(url).exists():
+            return None
+    return open_store(url)
 
 
 def open_store(url: str) -> AuditStore:
