@@ -107,3 +107,14 @@ def test_repr_of_ring_key_codec_and_keystore_shows_no_material(tmp_path) -> None
         assert k.material is not None
         for spelling in (base64.b64encode(k.material).decode(), k.material.hex(), repr(k.material)):
             assert spelling not in text
+
+
+def test_a_ring_without_created_at_is_refused_not_dated_now() -> None:
+    """Our decision: a missing creation time is a broken document; filling in "now" would hide it."""
+    doc = fresh_ring().to_json()
+    del doc["created_at"]
+    with pytest.raises(KeyRingError, match="created_at is required"):
+        KeyRing.from_json(doc)
+    doc["created_at"] = None
+    with pytest.raises(KeyRingError, match="created_at is required"):
+        KeyRing.from_json(doc)

@@ -12,7 +12,7 @@ from mcp.server.mcpserver import RequestStateSecurity
 from mrtr_keys.backends import Codec, backend_for
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keystores import Keystore, open_keystore
+from mrtr_keys.keystores import Keystore, as_keystore
 from mrtr_keys.replay import defer_observer, with_single_use
 
 ENV_SIDECAR_URL = "MRTR_KEYS_SIDECAR_URL"
@@ -33,10 +33,9 @@ def open_codec(
         AudienceError: `audience` outside the ring's scope.
         BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
     """
-    store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
-    ring = store.load()  # type: ignore[union-attr]
-    backend = backend_for(ring.codec, **backend_options)
-    return backend.open_codec(store, audience=audience, observer=observer)  # type: ignore[arg-type]
+    store = as_keystore(keystore)
+    backend = backend_for(store.load().codec, **backend_options)
+    return backend.open_codec(store, audience=audience, observer=observer)
 
 
 def request_state_security(
@@ -89,9 +88,9 @@ def request_state_security(
     if "observer" not in options and audit is not False:
         from mrtr_keys.audit.observer import observer_for
 
-        store = keystore if hasattr(keystore, "load") else open_keystore(keystore)  # type: ignore[arg-type]
-        options["observer"] = observer_for(store.directory, audience=audience, audit=audit)  # type: ignore[union-attr]
-        keystore = store  # type: ignore[assignment]
+        store = as_keystore(keystore)
+        options["observer"] = observer_for(store.directory, audience=audience, audit=audit)
+        keystore = store
     deferred = defer_observer(options, single_use)
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)

@@ -28,6 +28,14 @@ def test_fingerprint_is_hmac_of_decoded_bytes_not_of_the_text(keystore_path: Pat
     assert want != hmac.new(key, token.encode(), hashlib.sha256).digest()[:12].hex()
 
 
+def test_fingerprint_known_answers() -> None:
+    """Fixed vectors computed outside Python (``openssl dgst -sha256 -mac HMAC -macopt hexkey:00..1f``),
+    so the stored fingerprints stay what RFC 2104 HMAC-SHA256 gives, whatever computes them."""
+    fp = Fingerprinter(bytes(range(32)))
+    assert fp.of_bytes(b"mk1.known answer") == "7d041c54e6bf9157c050b208"
+    assert fp.fingerprint("not a token") == "97a165563978d583ca4f75fb"  # not PREFIX.BODY: "raw:" + the text
+
+
 def test_audit_key_is_created_once_mode_0600(tmp_path: Path) -> None:
     k1 = load_audit_key(tmp_path)
     assert stat.S_IMODE((tmp_path / AUDIT_KEY_FILE).stat().st_mode) == 0o600

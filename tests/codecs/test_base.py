@@ -1,6 +1,6 @@
 """The one key-ring codec lifecycle (`mrtr_keys.codecs.base.KeyRingCodec`) as every ring codec shows it.
 
-Rules under test (our decisions, docs/codecs.md): a reload only moves forward on the same ring (a lower
+Rules under test (our decisions, docs/rotation.md): a reload only moves forward on the same ring (a lower
 generation or another ring_id is refused, the loaded ring keeps sealing, a WARNING says why and
 `reload_refused` keeps it for readiness); every codec reports each generation it loads; whether a codec
 calls out per token is its `remote_per_token` attribute, which the sidecar reads to choose inline or

@@ -29,7 +29,7 @@ from mrtr_keys import tracing
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.keystores import Keystore, open_keystore
+from mrtr_keys.keystores import Keystore, as_keystore
 from mrtr_keys.ring.model import KeyRing
 
 log = logging.getLogger("mrtr_keys.codecs")
@@ -41,11 +41,6 @@ class TokenCore(Protocol):
     def seal(self, payload: bytes) -> str: ...
 
     def unseal(self, token: str) -> bytes: ...
-
-
-def as_keystore(keystore: Keystore | str | os.PathLike[str]) -> Keystore:
-    """`keystore` itself, or the keystore at a path or ``file://`` URL (`open_keystore`)."""
-    return open_keystore(keystore) if isinstance(keystore, str | os.PathLike) else keystore
 
 
 def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:

@@ -118,6 +118,14 @@ def open_keystore(
     )
 
 
+def as_keystore(keystore: Keystore | str | os.PathLike[str] | None) -> Keystore:
+    """`keystore` itself when it is already a keystore object, else `open_keystore(keystore)` (a path,
+    a URL, or None for ``MRTR_KEYS_KEYSTORE`` / the default)."""
+    if keystore is None or isinstance(keystore, str | os.PathLike):
+        return open_keystore(keystore)
+    return keystore
+
+
 def iter_schemes() -> Iterator[str]:
     """Keystore URL schemes this build understands."""
     yield from ("file", "vault-kv", "aws-sm")

@@ -336,7 +336,9 @@ class KeyRing:
             raise KeyRingError("generation must be an integer")
         if isinstance(ttl, bool) or not isinstance(ttl, int | float):
             raise KeyRingError("ttl_seconds must be a number")
-        created = parse_time(doc.get("created_at"), "created_at") or utcnow()
+        created = parse_time(doc.get("created_at"), "created_at")
+        if created is None:
+            raise KeyRingError("created_at is required (the time the ring was made, UTC, ISO 8601)")
         return cls(
             ttl_lowering=_lowering_from_json(doc.get("ttl_lowering")),
             ring_id=ring_id,
