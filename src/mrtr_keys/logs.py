@@ -63,15 +63,14 @@ def configure_logging(fmt: str | None = None, *, level: int | None = None, force
     """Install one stderr handler on the root logger in format `fmt` (see `log_format`).
 
     Without `level` and `force`, the text format changes nothing (Python's default: warnings and
-    errors as bare lines), so plain CLI commands print as they always did. The chosen format is
-    exported in ``MRTR_KEYS_LOG_FORMAT`` for child processes (sidecar workers, the audit writer).
-    Returns the format in use.
+    errors as bare lines), so plain CLI commands print as they always did. Returns the format in
+    use; a caller passes it on to the processes it starts (sidecar workers get it in their settings),
+    never through this process's environment.
 
     Raises:
         ConfigError: an unknown format.
     """
     chosen = log_format(fmt)
-    os.environ[ENV_LOG_FORMAT] = chosen
     root = logging.getLogger()
     ours = next((h for h in root.handlers if isinstance(h, _Handler)), None)
     if ours is None and chosen == "text" and level is None and not force:

@@ -77,9 +77,11 @@ def test_the_root_audit_option_is_passed_on_never_written_to_the_environment(
 
     path, log = tmp_path / "keyring.json", tmp_path / "changes.jsonl"
     monkeypatch.delenv("MRTR_KEYS_AUDIT", raising=False)
+    monkeypatch.delenv("MRTR_KEYS_LOG_FORMAT", raising=False)
     before = dict(os.environ)
     for args in (["init"], ["rotate", "begin"]):
-        monkeypatch.setattr(sys, "argv", ["mrtr-keys", "--audit", f"jsonl://{log}", *args, "--keystore", str(path)])
+        root = ["mrtr-keys", "--audit", f"jsonl://{log}"]
+        monkeypatch.setattr(sys, "argv", [*root, *args, "--keystore", str(path)])
         with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as exit_:
             run()
         assert exit_.value.code == 0

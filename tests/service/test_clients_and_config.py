@@ -127,7 +127,9 @@ def test_workers_get_their_settings_in_the_import_string_not_the_environment() -
 
     from mrtr_keys.service.server import worker_import_string
 
-    config = ServiceConfig(keystore="/srv/ring.json", workers=3, audit="jsonl:///srv/audit.jsonl", reload_interval=0.5)
+    config = ServiceConfig(
+        keystore="/srv/ring.json", workers=3, audit="jsonl:///srv/audit.jsonl", log_format="json", reload_interval=0.5
+    )
     before = dict(os.environ)
     module, _, attr = worker_import_string(config).partition(":")
     factory = getattr(importlib.import_module(module), attr)
@@ -135,3 +137,5 @@ def test_workers_get_their_settings_in_the_import_string_not_the_environment() -
     assert dict(os.environ) == before
     with pytest.raises(ConfigError, match="audit"):
         ServiceConfig(audit=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="log_format"):
+        ServiceConfig(log_format="xml")

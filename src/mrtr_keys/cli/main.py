@@ -26,7 +26,7 @@ from mrtr_keys.cli import (
     scope_cmd,
     serve_cmd,
 )
-from mrtr_keys.cli.options import JsonOpt, StateDirOpt, set_root_audit
+from mrtr_keys.cli.options import JsonOpt, StateDirOpt, set_root
 
 app = typer.Typer(
     name="mrtr-keys",
@@ -78,7 +78,7 @@ def _root(
 
     configure_logging(log_format)
     set_state_dir(state_dir)  # audit key, default audit log, client registry, lock files (docs/keystores.md)
-    set_root_audit(audit)  # ring changes and rotation gates use this store (docs/audit.md)
+    set_root(audit=audit, log_format=log_format)  # ring changes, rotation gates and the sidecar use these
 
 
 @app.command("version")

@@ -39,18 +39,24 @@ def keystore(location: str | None):  # type: ignore[no-untyped-def]
     return open_keystore(location)
 
 
-_root_audit: list[str | None] = [None]
-"""The root command's ``--audit`` for this run (the CLI's only state; never put in the environment)."""
+_root: dict[str, str | None] = {"audit": None, "log_format": None}
+"""The root command's ``--audit`` and chosen log format for this run (the CLI's only state; passed on
+explicitly, never put in the environment)."""
 
 
-def set_root_audit(audit: str | None) -> None:
-    """Remember the root ``--audit URL`` (or ``MRTR_KEYS_AUDIT``) for the commands of this run."""
-    _root_audit[0] = audit
+def set_root(*, audit: str | None, log_format: str | None) -> None:
+    """Remember the root ``--audit URL`` (or ``MRTR_KEYS_AUDIT``) and ``--log-format`` (or ``MRTR_KEYS_LOG_FORMAT``)."""
+    _root.update(audit=audit, log_format=log_format)
 
 
 def root_audit() -> str | None:
     """The root ``--audit`` value of this run, or None (then the library's default applies)."""
-    return _root_audit[0]
+    return _root["audit"]
+
+
+def root_log_format() -> str | None:
+    """The root ``--log-format`` / ``MRTR_KEYS_LOG_FORMAT`` value of this run, or None when neither is given."""
+    return _root["log_format"]
 
 
 def change_listeners() -> tuple[ChangeListener, ...]:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import KeystoreOpt, root_audit
+from mrtr_keys.cli.options import KeystoreOpt, root_audit, root_log_format
 
 
 def serve(
@@ -67,8 +67,9 @@ def serve(
     from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.config import load_config
 
-    if log_format is not None:
-        configure_logging(log_format, force=True)
+    chosen = log_format or root_log_format()
+    if chosen is not None:
+        chosen = configure_logging(chosen, force=True)
     from mrtr_keys.service.server import serve as run_server
 
     settings = load_config(config).with_overrides(
@@ -84,7 +85,8 @@ def serve(
         single_use_audiences=tuple(single_use_audience) if single_use_audience else None,
         on_replay_store_error=on_replay_store_error,
         http=http,
-        audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT, passed on (workers get it in the config)
+        audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT and the log format, passed on to the
+        log_format=chosen,  # workers in their settings
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

@@ -21,6 +21,7 @@ over the file, the file wins over the defaults::
     max_connections = 4096                    # connections beyond it get 503 too_many_connections
     audit = "sqlite:///var/lib/mrtr/audit.db"  # else MRTR_KEYS_AUDIT, else audit.db beside the ring; "off"
     strict_audit = false                      # true: a failing audit sink fails the request (503)
+    log_format = "json"                       # else --log-format / MRTR_KEYS_LOG_FORMAT, else text
     audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
     replay_store = "redis://127.0.0.1:6379/0" # single-use unseals (docs/single-use.md); or postgresql://...
     single_use_clients = ["billing"]          # only these clients' unseals (default: every unseal)
@@ -78,6 +79,7 @@ class ServiceConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
     audit: str | None = None
+    log_format: str | None = None
     strict_audit: bool = False
     audit_factory: str | None = None
     replay_store: str | None = None
@@ -117,6 +119,8 @@ class ServiceConfig:
             raise ConfigError("host must be a non-empty string")
         if self.audit is not None and not isinstance(self.audit, str):
             raise ConfigError("audit must be a store URL (sqlite:///PATH, postgresql://..., jsonl:///PATH) or off")
+        if self.log_format not in (None, "text", "json"):
+            raise ConfigError("log_format must be text or json")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
         if self.http not in HTTP_CHOICES:

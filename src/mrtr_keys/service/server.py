@@ -181,7 +181,7 @@ def serve(config: ServiceConfig) -> None:
 
     from mrtr_keys.logs import configure_logging
 
-    configure_logging(level=logging.INFO)  # --log-format / MRTR_KEYS_LOG_FORMAT, chosen by the CLI
+    configure_logging(config.log_format, level=logging.INFO)  # else MRTR_KEYS_LOG_FORMAT, else text
     config = config.with_overrides(max_connections=raise_fd_limit(config.max_connections))
     sock = bind_unix_socket(config.uds) if config.uds else None
     where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}"
@@ -244,8 +244,10 @@ def __getattr__(name: str) -> Any:
 
 
 def _worker_app(config: ServiceConfig) -> Any:
+    from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.app import create_app
 
+    configure_logging(config.log_format, level=logging.INFO)
     app = create_app(config)
     tune_gc()
     return app
