@@ -104,14 +104,16 @@ def test_root_audit_option_reaches_every_sidecar_worker(
     log = tmp_path / "sidecar-audit.jsonl"
     url = f"jsonl://{log}"
     cmd = [sys.executable, "-m", "mrtr_keys.cli.main", "--audit", url, "serve"]
-    monkeypatch.setattr(sidecar_fixture, "SERVE", cmd)
+    monkeypatch.setattr(sidecar_fixture, "SERVE", cmd)  # the root option goes before the command
     _, secret = add_client(keystore_path.parent / "clients.json", "web", audiences=["svc"], ops=["seal", "unseal"])
-    side = sidecar_factory(keystore_path, extra=["--workers", "2"])
+    side = sidecar_factory(keystore_path, uds=tmp_path / "sidecar.sock", extra=["--workers", "2"])
     codec = side.codec("svc", secret)
     tokens = [codec.seal(b"x") for _ in range(4)]
     assert [codec.unseal(t) for t in tokens] == [b"x"] * 4
     side.stop()
-    events = cli("audit", "query", "--audit", url, "--json", keystore=keystore_path).json()
+    res = cli("audit", "query", "--audit", url, "--json", keystore=keystore_path)
+    assert res.code == 0, (res.err, side.output()[-3000:])
+    events = res.json()
     assert sorted(e["op"] for e in events if e["op"] in ("seal", "unseal")) == ["seal"] * 4 + ["unseal"] * 4
     assert any(e["op"] == "ring-loaded" for e in events)
     assert not list(keystore_path.parent.glob("audit.db*"))
