@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mcp.server.mcpserver import InvalidRequestState
 
-from mrtr_keys.backends.kms.client import WrappedKey
+from mrtr_keys.backends.kms.wrapped import WrappedKey
 from mrtr_keys.codecs.kms import KMSEnvelopeCodec
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import AudienceError, UnwrapError
@@ -54,7 +54,7 @@ def test_init_stores_only_the_wrapped_key_and_its_context(kms: KMSEnv, tmp_path:
     ]
     assert base64.b64decode(data["ciphertext_blob"], validate=True)
     assert doc["codec"] == {"type": "kms", "kms_key_id": arn}
-    assert kms.proxy.calls == {"GenerateDataKey": 1}
+    assert kms.proxy.calls == {"DescribeKey": 1, "GenerateDataKey": 1}  # init judges the key, then makes one
 
 
 def test_unscoped_ring_context_has_ring_and_kid_only(kms: KMSEnv, tmp_path: Path) -> None:
@@ -323,4 +323,4 @@ def test_from_ring_unwraps_a_ring_in_memory(kms: KMSEnv, tmp_path: Path) -> None
     codec = KMSEnvelopeCodec.from_ring(store.load(), audience="svc")
     assert codec.unseal(codec.seal(b"in memory")) == b"in memory"
     assert codec.reload() is False
-    assert kms.proxy.calls == {"GenerateDataKey": 1, "Decrypt": 1}
+    assert kms.proxy.calls == {"DescribeKey": 1, "GenerateDataKey": 1, "Decrypt": 1}

@@ -126,7 +126,7 @@ def test_init_with_an_unknown_kms_key_is_a_usage_error(kms: KMSEnv, tmp_path: Pa
     bogus = "arn:aws:kms:us-east-1:123456789012:key/00000000-0000-0000-0000-000000000000"
     result = run_cli("init", "--codec", "kms", "--kms-key-id", bogus, keystore=path, env=kms.env)
     assert result.code == 2, result.err
-    assert "KMS GenerateDataKey failed" in result.err and "NotFoundException" in result.err
+    assert "KMS DescribeKey failed" in result.err and "NotFoundException" in result.err
     assert not path.exists()
 
 
@@ -139,3 +139,27 @@ def test_inspect_describes_and_decrypts_a_kms_token(kms: KMSEnv, tmp_path: Path)
     assert (info["format"], info["kid"], info["state"]) == ("mk1", codec.ring.primary.kid, "primary")
     decrypted = cli(kms, path, "inspect", token, "--decrypt", "--audience", AUD)
     assert decrypted["decrypted"] is True and decrypted["envelope_version"] == 1
+
+
+@pytest.mark.parametrize("usage", [None, "ENCRYPT_DECRYPT", "SIGN_VERIFY"])
+def test_init_and_rewrap_judge_a_kms_key_the_same_way(kms: KMSEnv, tmp_path: Path, usage: str | None) -> None:
+    """One check for both (our decision; AWS KMS API reference, CreateKey): a key created without KeyUsage,
+    whose DescribeKey answer omits it (moto does), is a symmetric encryption key by default, so both accept
+    it; a signing key is refused by both with the same message, and nothing is written."""
+    spec = {} if usage is None else {"KeyUsage": usage, "KeySpec": "RSA_2048" if usage == "SIGN_VERIFY" else None}
+    made = kms.admin.create_key(Description=f"usage {usage}", **{k: v for k, v in spec.items() if v})
+    target = made["KeyMetadata"]["Arn"]
+    assert ("KeyUsage" in kms.admin.describe_key(KeyId=target)["KeyMetadata"]) is (usage is not None)
+    fresh, existing = tmp_path / "fresh.json", tmp_path / "existing.json"
+    create_ring(FileKeystore(existing), codec=CodecSpec("kms", {"kms_key_id": kms.create_key()}))
+    init = run_cli("init", "--codec", "kms", "--kms-key-id", target, keystore=fresh, env=kms.env)
+    moved = run_cli("rewrap", "--kms-key-id", target, keystore=existing, env=kms.env)
+    if usage == "SIGN_VERIFY":
+        refusal = f"KMS key {target} is not a symmetric encryption key (SYMMETRIC_DEFAULT, ENCRYPT_DECRYPT)"
+        assert (init.code, moved.code) == (2, 2)
+        assert refusal in init.err and refusal in moved.err
+        assert not fresh.exists() and FileKeystore(existing).load().generation == 1
+        return
+    assert (init.code, moved.code) == (0, 0), (init.err, moved.err)
+    assert FileKeystore(fresh).load().codec.params["kms_key_id"] == target
+    assert FileKeystore(existing).load().codec.params["kms_key_id"] == target

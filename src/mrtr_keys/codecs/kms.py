@@ -17,7 +17,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from mrtr_keys.backends.kms.client import ENV_KMS_KEY_ID, KMSService, KMSSettings, checked_wrapped_key, ring_key_id
+from mrtr_keys.backends.kms.client import ENV_KMS_KEY_ID, KMSSettings
+from mrtr_keys.backends.kms.service import KMSService
+from mrtr_keys.backends.kms.wrapped import checked_wrapped_key, ring_key_id
 from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.keystores import Keystore

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from mrtr_keys.backends.kms.client import KMSService, checked_wrapped_key, ring_key_id
+from mrtr_keys.backends.kms.service import KMSService
+from mrtr_keys.backends.kms.wrapped import checked_wrapped_key, ring_key_id
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.apply import ChangeListener, ChangeResult, apply_change

@@ -1,6 +1,6 @@
 """AWS KMS envelope backend: each ring key is a KMS data key, stored only in wrapped form.
 
-A key's ``key_data`` (see `mrtr_keys.backends.kms.client.WrappedKey`)::
+A key's ``key_data`` (see `mrtr_keys.backends.kms.wrapped.WrappedKey`)::
 
     {"ciphertext_blob": "<standard base64 of the GenerateDataKey CiphertextBlob>",
      "kms_key_arn": "arn:aws:kms:REGION:ACCOUNT:key/ID",
@@ -26,14 +26,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mrtr_keys.backends.kms.client import (
-    ENV_KMS_KEY_ID,
-    KMSService,
-    KMSSettings,
-    checked_wrapped_key,
-    encryption_context,
-    ring_key_id,
-)
+from mrtr_keys.backends.kms.client import ENV_KMS_KEY_ID, KMSSettings
+from mrtr_keys.backends.kms.service import KMSService
+from mrtr_keys.backends.kms.wrapped import checked_wrapped_key, encryption_context, ring_key_id
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX, describe_token
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
@@ -87,11 +82,18 @@ class KMSBackend:
         """A new data key from ``GenerateDataKey`` (KeySpec AES_256) under the ring's KMS key; only the
         wrapped form is kept (the plaintext is dropped here and unwrapped by the codec when loaded).
 
+        For the first key (``init``, state primary) the KMS key is first judged with ``DescribeKey``
+        exactly as ``rewrap`` judges its target (`mrtr_keys.backends.kms.service.check_wrapping_key`).
+
         Raises:
-            ConfigError: no KMS key configured, or KMS refused it; BackendUnavailable: KMS unreachable.
+            ConfigError: no KMS key configured, not an enabled symmetric encryption key, or KMS
+                refused it; BackendUnavailable: KMS unreachable.
         """
         context = encryption_context(ring_id, kid, audiences)
-        _plaintext, wrapped = self.service.generate_data_key(self._key_id(), context, kid=kid)
+        key_id = self._key_id()
+        if state is KeyState.PRIMARY:
+            key_id = self.service.key_arn(key_id)
+        _plaintext, wrapped = self.service.generate_data_key(key_id, context, kid=kid)
         del _plaintext
         promoted = now if state is KeyState.PRIMARY else None
         return Key(kid=kid, state=state, created_at=now, promoted_at=promoted, key_data=wrapped.to_key_data())
