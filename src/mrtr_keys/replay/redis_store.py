@@ -6,8 +6,14 @@ the token can no longer be accepted, so nothing needs purging. Keys are ``PREFIX
 fleet's HMAC key is ``PREFIX + "hmac-key"``.
 
 No command is retried: a retried ``SET NX`` whose first attempt reached the server would answer
-"consumed" to the one legitimate caller. A failed call raises `ReplayStoreUnavailable`; redis-py's
-pool drops the broken connection and the next call connects again (no restart needed).
+"consumed" to the one legitimate caller. A failed call raises `ReplayStoreUnavailable` and drops the
+connection; the next call connects again (no restart needed).
+
+Each thread keeps one connection of its own (made by redis-py's pool, used with its public
+`send_command` / `read_response`), instead of checking one out of the pool per command: a checkout
+probes the connection for stray data (three system calls) and runs the client's retry and response
+callback layers, which together cost about as much as the loopback round trip itself. A forked child
+never uses its parent's connection.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
@@ -79,7 +86,7 @@ class RedisReplayStore:
         self.url = redact(url)
         self.prefix = prefix
         self._prefix = prefix.encode("utf-8")
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError,)
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         timeouts: dict[str, Any] = {"socket_timeout": timeout}
         if parsed.scheme == "redis":  # plain TCP: the kernel times reads and writes out (see `_kernel_timeouts`)
             timeouts = {"socket_timeout": None, "redis_connect_func": _kernel_timeouts(timeout)}
@@ -95,6 +102,9 @@ class RedisReplayStore:
             raise ConfigError(f"bad redis replay store URL {self.url}: {exc}") from None
         self._health = Health(self.url)
         self._key: bytes | None = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._held: list[Any] = []
 
     def __repr__(self) -> str:
         return f"RedisReplayStore({self.url!r}, prefix={self.prefix!r})"
@@ -103,18 +113,33 @@ class RedisReplayStore:
     def healthy(self) -> bool:
         return self._health.healthy
 
+    def _connection(self) -> Any:
+        """This thread's connection (made on first use in this thread and process)."""
+        held = getattr(self._local, "held", None)
+        pid = os.getpid()
+        if held is not None and held[0] == pid:
+            return held[1]
+        conn = self._client.connection_pool.make_connection()
+        with self._lock:
+            self._held.append(conn)
+        self._local.held = (pid, conn)
+        return conn
+
     def consume(self, token_id: bytes, ttl_ms: int) -> bool:
         """``SET PREFIX+hex(id) 1 NX PX ttl_ms``: True if this call created the record.
 
         Raises:
             ReplayStoreUnavailable: Redis unreachable, timed out, or answered an error.
         """
+        conn = self._connection()
         try:
-            created = self._client.set(self._prefix + token_id.hex().encode("ascii"), b"1", nx=True, px=ttl_ms)
+            conn.send_command("SET", self._prefix + token_id.hex().encode("ascii"), b"1", "NX", "PX", ttl_ms)
+            reply = conn.read_response()
         except self._errors as exc:
+            conn.disconnect()
             raise self._health.failed(exc) from None
         self._health.ok()
-        return created is True
+        return reply is not None
 
     def hmac_key(self) -> bytes:
         """The fleet's HMAC key: ``SET PREFIX+"hmac-key" <32 random bytes> NX`` then ``GET`` (cached).
@@ -155,4 +180,8 @@ class RedisReplayStore:
         return count
 
     def close(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for conn in held:
+            conn.disconnect()
         self._client.close()
