@@ -11,7 +11,7 @@ Per store, three loops run interleaved (wall clock: they wait on a server):
   NOTHING`` into a table of the same shape.
 
 Rounds: 15 of 1,000 calls per subject on Redis, of 500 on PostgreSQL (each insert commits durably).
-Target: single-use unseal <= 1.2x the raw round trip measured in the same run (issue 14). Redis keys
+Target: single-use unseal <= 1.2x the raw round trip measured in the same run. Redis keys
 live under a random prefix in DB 14 and are deleted at the end; PostgreSQL runs in a throwaway database.
 """
 

@@ -1,4 +1,4 @@
-"""Part: legitimate latency while 1,000 stalled connections are held (issue 13 item 3).
+"""Part: legitimate latency while 1,000 stalled connections are held.
 
 A slowloris-style client keeps `STALLED` connections open against the sidecar, a quarter each sending
 nothing, a partial head, a short body and an unfinished chunked body; the sidecar closes each within its

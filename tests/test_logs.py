@@ -1,4 +1,4 @@
-"""`--log-format json` (issue 16): one JSON object a line, the same message text, no traceback text."""
+"""`--log-format json`: one JSON object a line, the same message text, no traceback text."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The shared test and bench helpers (tests/support): ports without luck, the one counting proxy.
 
-Our decisions (issue 10 item 7, issue 13 item 7): no fixture may depend on a port staying free; an
+Our decisions: no fixture may depend on a port staying free; an
 outage is simulated by stopping the proxy, which keeps its port reserved.
 """
 

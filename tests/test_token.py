@@ -1,9 +1,9 @@
 """Bad tokens: every one is refused with the SDK's `InvalidRequestState`, and nothing else escapes.
 
-Rules: issue 2 ("Decoding is strict: only the exact string that `seal` produced unseals; the
+Rules ("Decoding is strict: only the exact string that `seal` produced unseals; the
 length is capped before decoding. Every failure raises the SDK's `InvalidRequestState`"), the
 SDK's `RequestStateCodec` contract, and RFC 4648 section 5 (base64url, no padding).
-CONVENTIONS.md: property tests for every parser of untrusted input.
+Our rule: property tests for every parser of untrusted input.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_whitespace_inside_is_rejected(ws: str, where: str) -> None:
 
 @pytest.mark.parametrize("padding", ["=", "==", "===", "===="])
 def test_padding_added_is_rejected(padding: str) -> None:
-    """RFC 4648 section 5 without padding (issue 2): a padded spelling is a different string."""
+    """RFC 4648 section 5 without padding: a padded spelling is a different string."""
     assert rejected(CODEC.seal(PAYLOAD) + padding) == "malformed"
 
 
@@ -93,7 +93,7 @@ def test_standard_alphabet_in_place_of_url_safe_is_rejected(ours: str, theirs: s
 
 
 def test_kid_changed_to_another_ring_keys_kid_is_rejected() -> None:
-    """Issue 2: the kid is associated data, and the kid picks the key (no trial decryption)."""
+    """The kid is associated data, and the kid picks the key (no trial decryption)."""
     raw = decoded(CODEC.seal(PAYLOAD))
     assert raw[:4].hex() == RING.primary.kid
     relabelled = TOKEN_PREFIX + b64u_encode(bytes.fromhex(OTHER_KID) + raw[4:])
@@ -107,7 +107,7 @@ def test_unknown_kid_is_rejected() -> None:
 
 
 def test_sealed_for_another_audience_is_rejected() -> None:
-    """Issue 2: HKDF info and associated data carry the audience; same ring, other audience: refused."""
+    """HKDF info and associated data carry the audience; same ring, other audience: refused."""
     token = LocalAESGCMCodec.from_ring(RING, audience="payments").seal(PAYLOAD)
     assert rejected(token) == "seal"
 
@@ -194,7 +194,7 @@ def test_base64url_round_trips_without_padding(data: bytes) -> None:
 @settings(max_examples=500, deadline=None)
 @given(st.text(max_size=80) | st.text(alphabet=B64URL + "=+/ \n", max_size=80))
 def test_base64url_decodes_only_its_own_canonical_spelling(text: str) -> None:
-    """Decode, re-encode, compare (STYLE.md, the SDK's `_b64u_decode`): anything accepted is canonical."""
+    """Decode, re-encode, compare (as the SDK's `_b64u_decode` does): anything accepted is canonical."""
     try:
         raw = b64u_decode(text)
     except MalformedToken:

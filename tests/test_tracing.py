@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (issue 16, deliverable 2), read back from the OTel SDK's in-memory exporter.
+"""OpenTelemetry spans (deliverable 2), read back from the OTel SDK's in-memory exporter.
 
 A real `MCPServer` with the local codec and an in-memory `Client`: our ``mrtr_keys.seal`` and
 ``mrtr_keys.unseal`` spans are children of the MCP SDK's ``tools/call provision`` span (same

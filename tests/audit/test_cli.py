@@ -131,7 +131,7 @@ def test_reading_a_missing_log_says_so(keystore_path: Path) -> None:
 
 
 def test_fingerprint_of_a_token_respelled_in_standard_base64_is_the_canonical_tokens(keystore_path: Path) -> None:
-    # Issue 13: a token respelled with "+", "/" and "=" padding printed a fingerprint that matched no
+    # A token respelled with "+", "/" and "=" padding printed a fingerprint that matched no
     # event; it now gives the fingerprint of the token it spells, and --token finds that token's events.
     import base64
 

@@ -1,4 +1,4 @@
-"""Any number of instances can start at once on a fresh key ring (issue 13 item 6).
+"""Any number of instances can start at once on a fresh key ring.
 
 A fleet rolled out at once opens one fresh ring from many processes: one used to create ``audit.key``
 and write it later while another read it empty, or two switched a new ``audit.db`` to WAL together

@@ -16,7 +16,7 @@ from mrtr_keys.token import decoded_bytes
 
 
 def test_fingerprint_is_hmac_of_decoded_bytes_not_of_the_text(keystore_path: Path) -> None:
-    # Issue 7 item 1: two spellings of one token can never get two fingerprints.
+    # Two spellings of one token can never get two fingerprints.
     key = load_audit_key(keystore_path.parent)
     token = LocalAESGCMCodec(keystore_path, audience="svc").seal(b"payload")
     decoded = decoded_bytes(token)

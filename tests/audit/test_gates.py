@@ -1,5 +1,5 @@
 """Rotation gates from the audit log: promote waits for every live instance to load phase 1; retire waits
-while the old kid still seals; --force overrides either and is recorded as forced (issue 7 item 6)."""
+while the old kid still seals; --force overrides either and is recorded as forced."""
 
 from __future__ import annotations
 

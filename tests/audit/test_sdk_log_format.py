@@ -1,4 +1,4 @@
-"""The SDK's rejection log line, which `mrtr_keys.audit.sdk_capture` reads, pinned (issue 10 item 6).
+"""The SDK's rejection log line, which `mrtr_keys.audit.sdk_capture` reads, pinned.
 
 The capture depends on a private detail of the MCP SDK: ``_reject`` in mcp/server/request_state.py logs
 ``"requestState rejected on %s: %s"`` (method, reason) at WARNING on ``mcp.server.request_state``. mcp is

@@ -56,7 +56,7 @@ def test_unwritable_store_makes_the_sink_unhealthy_then_recovers(
 
 
 def test_the_documented_queue_bounds_are_the_codes() -> None:
-    # Issue 13: docs/audit.md said 100 000 events while the code held 50 000.
+    # docs/audit.md said 100 000 events while the code held 50 000.
     import re
 
     from mrtr_keys.audit.queue import DEFAULT_CAPACITY, DEFAULT_MAX_BYTES, DEFAULT_MAX_WAIT

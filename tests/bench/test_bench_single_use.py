@@ -1,4 +1,4 @@
-"""Smoke run of the benchmark's single-use part (issue 14) with tiny counts: it runs end to end on the local
+"""Smoke run of the benchmark's single-use part with tiny counts: it runs end to end on the local
 Redis and a throwaway PostgreSQL database and prints every row with a verdict. No timing is asserted."""
 
 from __future__ import annotations

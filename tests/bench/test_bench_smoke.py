@@ -1,4 +1,4 @@
-"""Smoke run of the benchmark's in-process part with tiny counts (issue 5).
+"""Smoke run of the benchmark's in-process part with tiny counts.
 
 It checks that `python -m bench inprocess --quick` runs end to end on real services (it
 starts moto and OpenBao itself and stops them), prints one table with every in-process

@@ -1,4 +1,4 @@
-"""Smoke run of the benchmark's stalled-connections part (issue 13 item 3): it runs end to end against a real
+"""Smoke run of the benchmark's stalled-connections part: it runs end to end against a real
 sidecar with 1,000 stalled connections held and prints its two rows. No timing is asserted (the numbers live in
 docs/performance.md); what is asserted is that the run had no errors and the stalled connections were held."""
 

@@ -1,4 +1,4 @@
-"""`mrtr-keys` as a deploy pipeline runs it (issue 2, deliverable 6): a subprocess per command,
+"""`mrtr-keys` as a deploy pipeline runs it (deliverable 6): a subprocess per command,
 `--json` parsed, exit codes 0 done / 75 not yet / 2 usage or configuration / 1 anything else,
 one line on stderr for every refusal and never a traceback (cli/main.py)."""
 
@@ -196,7 +196,7 @@ def test_the_ttl_gate_is_ttl_plus_60_s_and_stored_in_the_ring(keystore_path: Pat
 
 
 def test_four_begins_at_the_same_moment_add_exactly_one_key(keystore_path: Path) -> None:
-    """Issue 2: concurrent CLI runs can never both win; the file stays valid."""
+    """Concurrent CLI runs can never both win; the file stays valid."""
     env = {**os.environ, "MRTR_KEYS_KEYSTORE": str(keystore_path)}
     procs = [
         subprocess.Popen(
@@ -282,7 +282,7 @@ def test_inspect_names_the_state_of_a_retired_kid(keystore: FileKeystore) -> Non
 
 
 def test_inspect_decrypt_shows_the_sdk_envelope_but_not_the_inner_state(keystore: FileKeystore) -> None:
-    """Issue 2: method, target, audience, issued and expiry times (UTC), expired; `s` only with --show-state."""
+    """Method, target, audience, issued and expiry times (UTC), expired; `s` only with --show-state."""
     iat = 1_790_000_000.0  # 2026-09-21T14:13:20Z, a fixed time
     fresh, inner = envelope_token(keystore.path, "billing", iat=time.time())
     old, old_inner = envelope_token(keystore.path, "billing", iat=iat, ttl=600)
@@ -350,7 +350,7 @@ def test_a_missing_ring_exits_2_naming_init(tmp_path: Path) -> None:
 
 
 def test_bad_rings_are_one_line_errors_without_material(tmp_path: Path) -> None:
-    """Every bad ring of issue 2 through the CLI (`keys list`; `rotate begin` for two): exit 1, one
+    """Every bad ring of tests/fixtures/keyrings.py through the CLI (`keys list`; `rotate begin` for two): exit 1, one
     line, no material, and the file is never rewritten."""
     calls = []
     for i, bad in enumerate(BAD):

@@ -1,4 +1,4 @@
-"""The everyday CLI conveniences (issue 16, deliverable 3), as a user sees them: text and ``--json``.
+"""The everyday CLI conveniences (deliverable 3), as a user sees them: text and ``--json``.
 
 Vault and Tinkey users reach for these daily: ``--version``, ``inspect -`` (the token stays out
 of the shell history), 80-column tables, ``keys show``, ``keys destroy`` (Vault ``trim``, Tinkey

@@ -1,4 +1,4 @@
-"""`mrtr-keys init --from-sdk-key-file PATH [--encoding hex|base64]` (issue 17): the key file holds the key
+"""`mrtr-keys init --from-sdk-key-file PATH [--encoding hex|base64]`: the key file holds the key
 as the MCP SDK's `RequestStateSecurity(keys=[...])` takes it, decoded strictly by the declared encoding;
 every bad file is a one-line refusal (exit 2) that never echoes the key, and no ring is written."""
 

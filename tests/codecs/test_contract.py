@@ -2,7 +2,7 @@
 
 The contract is the MCP SDK's `RequestStateCodec` docstring (mcp/server/request_state.py):
 `unseal(seal(p)) == p`, and `unseal` raises `InvalidRequestState` for any token it did not
-mint unmodified, and nothing else. Our additions (issue 2, CONVENTIONS.md): tokens carry a
+mint unmodified, and nothing else. Our additions: tokens carry a
 version prefix and a kid bound under the tag, decoding is strict, and no plaintext or key
 material reaches a log line, an exception message or a repr.
 
@@ -27,7 +27,7 @@ CODEC_FACTORIES: list[tuple[str, str]] = [
     ("sidecar", "sidecar_codec_factory"),
     ("vault-remote", "vault_remote_codec_factory"),
     ("vault-datakey", "vault_datakey_codec_factory"),
-    # Rings adopted from the MCP SDK's keys=[KEY] (issue 17): the SDK key seals the SDK's own v1. tokens.
+    # Rings adopted from the MCP SDK's keys=[KEY]: the SDK key seals the SDK's own v1. tokens.
     ("local-sdk", "sdk_codec_factory"),
     ("sidecar-sdk", "sidecar_sdk_codec_factory"),
 ]
@@ -64,7 +64,7 @@ def _rejects(codec: object, token: object) -> InvalidRequestState:
 @pytest.mark.parametrize("payload", [b"", b"\xfb\xef\xff", SENTINEL, bytes(range(256)) * 4, bytes(range(256)) * 256])
 def test_round_trip(codec_factory: CodecUnderTest, payload: bytes) -> None:
     """SDK contract: unseal(seal(p)) == p, for an empty payload and bytes that are not UTF-8 too, and for the
-    SDK's own codec tests' 64 KiB payload (issue 13 item 4: the token cap follows the SDK's HTTP body limit)."""
+    SDK's own codec tests' 64 KiB payload (the token cap follows the SDK's HTTP body limit)."""
     codec = codec_factory.make(AUD)
     token = codec.seal(payload)
     assert codec.unseal(token) == payload
@@ -72,7 +72,7 @@ def test_round_trip(codec_factory: CodecUnderTest, payload: bytes) -> None:
 
 
 def test_a_peer_loaded_from_the_same_ring_unseals(codec_factory: CodecUnderTest) -> None:
-    """Issue 2: a fleet shares one ring; a token sealed by one instance unseals on another."""
+    """A fleet shares one ring; a token sealed by one instance unseals on another."""
     token = codec_factory.make(AUD).seal(SENTINEL)
     assert codec_factory.make(AUD).unseal(token) == SENTINEL
 
@@ -130,19 +130,19 @@ def test_token_from_a_foreign_ring_is_rejected(codec_factory: CodecUnderTest) ->
     """A token minted under another ring (a foreign kid) never unseals, in either direction."""
     ours, theirs = codec_factory.make(AUD), codec_factory.make_foreign(AUD)
     exc = _rejects(ours, theirs.seal(SENTINEL))
-    assert "kid" in str(exc) or codec_factory.name.startswith("sidecar")  # the sidecar never says why (issue 4)
+    assert "kid" in str(exc) or codec_factory.name.startswith("sidecar")  # the sidecar never says why
     _rejects(theirs, ours.seal(SENTINEL))
 
 
 def test_token_for_another_audience_is_rejected(codec_factory: CodecUnderTest) -> None:
-    """Issue 2: per-audience keys; a token sealed for A never unseals for B under the same ring."""
+    """Per-audience keys; a token sealed for A never unseals for B under the same ring."""
     token = codec_factory.make("a").seal(SENTINEL)
     _rejects(codec_factory.make("b"), token)
     assert codec_factory.make("a").unseal(token) == SENTINEL
 
 
 def test_non_canonical_body_is_rejected(codec_factory: CodecUnderTest) -> None:
-    """Issue 2 (strict decoding): only the exact string seal produced unseals; another spelling of the
+    """Strict decoding: only the exact string seal produced unseals; another spelling of the
     same bytes (non-zero trailing bits, padding, standard-alphabet characters) is refused."""
     codec = codec_factory.make(AUD)
     for payload in (b"x", b"xy", b"xyz"):  # cover all three lengths mod 3
@@ -159,7 +159,7 @@ def test_non_canonical_body_is_rejected(codec_factory: CodecUnderTest) -> None:
 
 
 def test_over_length_tokens_are_rejected_before_decoding(codec_factory: CodecUnderTest) -> None:
-    """Issue 2: the length is capped before decoding (MAX_TOKEN_CHARS); the reason code says so."""
+    """The length is capped before decoding (MAX_TOKEN_CHARS); the reason code says so."""
     codec = codec_factory.make(AUD)
     token = codec.seal(SENTINEL)
     exc = _rejects(codec, token + "A" * (MAX_TOKEN_CHARS + 1 - len(token)))
@@ -176,7 +176,7 @@ def test_a_non_string_is_rejected_with_invalid_request_state(codec_factory: Code
 def test_no_plaintext_or_key_material_in_logs_errors_or_repr(
     codec_factory: CodecUnderTest, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """CONVENTIONS.md: no secret in a log line, an exception message or a repr()."""
+    """Our rule: no secret in a log line, an exception message or a repr()."""
     caplog.set_level(logging.DEBUG)
     codec = codec_factory.make(AUD)
     token = codec.seal(SENTINEL)

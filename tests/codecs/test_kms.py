@@ -1,4 +1,4 @@
-"""KMSEnvelopeCodec against moto in server mode (issue 3): unwrap once, seal/unseal locally, fail closed."""
+"""KMSEnvelopeCodec against moto in server mode: unwrap once, seal/unseal locally, fail closed."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def edit(store: FileKeystore, change: Any) -> None:
 
 
 def test_init_stores_only_the_wrapped_key_and_its_context(kms: KMSEnv, tmp_path: Path) -> None:
-    # Issue 3, deliver 1: the ring holds CiphertextBlob, the key ARN and the encryption context, no material.
+    # The ring holds CiphertextBlob, the key ARN and the encryption context, no material.
     arn = kms.create_key()
     store = make_ring(tmp_path, arn, audiences=("search", "billing"))
     doc = json.loads(store.path.read_text())
@@ -64,7 +64,7 @@ def test_unscoped_ring_context_has_ring_and_kid_only(kms: KMSEnv, tmp_path: Path
 
 
 def test_round_trip_and_no_kms_call_per_token(kms: KMSEnv, tmp_path: Path) -> None:
-    # Issue 3: load unwraps each usable key once; 10,000 seal+unseal pairs then make no KMS request.
+    # Load unwraps each usable key once; 10,000 seal+unseal pairs then make no KMS request.
     store = make_ring(tmp_path, kms.create_key())
     run_step(store, "begin")  # two usable data keys: primary + verify
     kms.proxy.reset()
@@ -110,7 +110,7 @@ def test_same_token_format_as_the_local_codec(kms: KMSEnv, tmp_path: Path) -> No
 
 
 def test_wrapped_key_moved_into_another_ring_does_not_unwrap(kms: KMSEnv, tmp_path: Path) -> None:
-    # Issue 3 tests: a data key copied into another ring (other ring id) fails; the untouched ring loads.
+    # A data key copied into another ring (other ring id) fails; the untouched ring loads.
     arn = kms.create_key()
     donor, victim = make_ring(tmp_path, arn, "a.json"), make_ring(tmp_path, arn, "b.json")
     donor_key = json.loads(donor.path.read_text())["keys"][0]
@@ -172,7 +172,7 @@ def test_scope_edited_in_the_file_does_not_unwrap(kms: KMSEnv, tmp_path: Path) -
 
 
 def test_key_wrapped_under_a_second_kms_key_is_refused(kms: KMSEnv, tmp_path: Path) -> None:
-    # Issue 3 tests: the caller may use both KMS keys, but the ring names one; the KeyId check refuses the other.
+    # The caller may use both KMS keys, but the ring names one; the KeyId check refuses the other.
     first, second = kms.create_key("first"), kms.create_key("second")
     store = make_ring(tmp_path, first, "ring.json")
     ring = store.load()
@@ -288,7 +288,7 @@ def test_open_codec_passes_timeouts_and_pin(kms: KMSEnv, tmp_path: Path) -> None
     assert (config.read_timeout, config.retries["total_max_attempts"]) == (1.5, 1)
 
 
-# --- the key_data parser takes what a keystore holds: property-tested (CONVENTIONS.md) ---------------
+# --- the key_data parser takes what a keystore holds: property-tested (our rule) ---------------
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=40),

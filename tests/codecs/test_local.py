@@ -1,4 +1,4 @@
-"""`LocalAESGCMCodec` (issue 2, deliverable 4): the local codec over a file key ring.
+"""`LocalAESGCMCodec` (deliverable 4): the local codec over a file key ring.
 
 The generic codec contract runs in test_contract.py; this module pins what is specific to the
 local codec: the documented byte layout (docs/token-format.md, re-implemented here from the
@@ -72,7 +72,7 @@ def test_opened_from_a_path_a_string_a_file_url_or_a_keystore(keystore: FileKeys
 
 
 def test_reload_switches_to_a_new_generation(keystore: FileKeystore) -> None:
-    """Issue 2: a codec works on the ring as loaded; `reload()` re-reads the keystore."""
+    """A codec works on the ring as loaded; `reload()` re-reads the keystore."""
     codec = LocalAESGCMCodec(keystore, audience=AUD)
     assert codec.reload() is False
     run_step(keystore, "begin")
@@ -157,7 +157,7 @@ def test_a_forked_child_never_reuses_the_parents_nonces(keystore: FileKeystore) 
 
 
 def test_request_state_security_returns_a_ready_sdk_policy(keystore: FileKeystore) -> None:
-    """Issue 2, deliverable 5: `request_state_security(keystore, audience=..., ttl=600.0)`."""
+    """`request_state_security(keystore, audience=..., ttl=600.0)`."""
     security = mrtr_keys.request_state_security(keystore.url, audience=AUD, ttl=300)
     assert isinstance(security, RequestStateSecurity)
     assert security.audience == AUD and security.ttl == 300.0

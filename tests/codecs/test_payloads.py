@@ -1,4 +1,4 @@
-"""The SDK's payload contract (issue 13 item 4): any payload the SDK's own codec takes, up to what its HTTP
+"""The SDK's payload contract: any payload the SDK's own codec takes, up to what its HTTP
 transport delivers, round-trips through our codecs and the sidecar.
 
 Before, a payload over 49,117 bytes was refused (the sidecar: over 32,768), so a real `MCPServer` with a

@@ -1,4 +1,4 @@
-"""Rings adopted from the MCP SDK's ``RequestStateSecurity(keys=[KEY])`` (issue 17): the SDK key mints and
+"""Rings adopted from the MCP SDK's ``RequestStateSecurity(keys=[KEY])``: the SDK key mints and
 opens exactly the SDK's ``v1.`` tokens (its own codec class does the cryptography), the ordinary rotation
 moves the ring to ``mk1.``, and every failure is `InvalidRequestState` with a reason code."""
 
@@ -30,7 +30,7 @@ def reason(codec: object, token: object) -> str:
 
 
 def test_the_sdks_codec_and_the_adopted_ring_read_each_others_tokens(tmp_path: Path) -> None:
-    """Issue 17: old and new instances read each other's tokens in both directions."""
+    """Old and new instances read each other's tokens in both directions."""
     key = new_sdk_key()
     sdk, ours = AESGCMRequestStateCodec([key]), LocalAESGCMCodec(sdk_ring(tmp_path / "r.json", key), audience=AUD)
     payload = envelope(b"state", AUD)

@@ -1,6 +1,6 @@
-"""`VaultTransitCodec` against a real OpenBao dev server (issue 6), both modes.
+"""`VaultTransitCodec` against a real OpenBao dev server, both modes.
 
-Rules under test come from issue 6 and the transit API (https://openbao.org/api-docs/secret/transit/):
+Rules under test come from the transit API (https://openbao.org/api-docs/secret/transit/):
 derived key with context = audience, explicit key_version, standard base64 plaintext, a refused
 ciphertext is InvalidRequestState, Vault unreachable is BackendUnavailable, no retry of a refused decrypt.
 """
@@ -57,7 +57,7 @@ def decoded(token: str, prefix: str) -> bytearray:
 def test_payloads_round_trip_exactly(
     bao_env: dict[str, str], transit_key: str, tmp_path: Path, mode: str, payload: bytes
 ) -> None:
-    """Issue 6: bytes fb ef ff (not UTF-8) and an empty payload round-trip exactly in both modes."""
+    """Bytes fb ef ff (not UTF-8) and an empty payload round-trip exactly in both modes."""
     codec = VaultTransitCodec(make_ring(tmp_path, transit_key, mode), audience="billing")
     token = codec.seal(payload)
     assert token.startswith(TOKEN_PREFIX if mode == "remote" else "mk1.")
@@ -67,7 +67,7 @@ def test_payloads_round_trip_exactly(
 def test_remote_seal_and_unseal_each_make_one_transit_call(
     bao_env: dict[str, str], openbao: OpenBao, transit_key: str, tmp_path: Path
 ) -> None:
-    """Issue 6 (remote): keys never leave Vault; every seal is transit/encrypt, every unseal transit/decrypt."""
+    """Remote mode: keys never leave Vault; every seal is transit/encrypt, every unseal transit/decrypt."""
     codec = VaultTransitCodec(make_ring(tmp_path, transit_key, "remote"), audience="billing")
     token = codec.seal(b"x")
     assert codec.unseal(token) == b"x"
@@ -78,7 +78,7 @@ def test_remote_seal_and_unseal_each_make_one_transit_call(
 def test_datakey_mode_unwraps_once_then_makes_no_vault_call_per_token(
     bao_env: dict[str, str], openbao: OpenBao, transit_key: str, tmp_path: Path
 ) -> None:
-    """Issue 6 (datakey): data keys are unwrapped once with transit/decrypt, then tokens are local."""
+    """Datakey mode: data keys are unwrapped once with transit/decrypt, then tokens are local."""
     codec = VaultTransitCodec(make_ring(tmp_path, transit_key, "datakey"), audience="billing")
     assert openbao.requests_to(f"transit/decrypt/{transit_key}") == 1
     for i in range(20):
@@ -90,7 +90,7 @@ def test_datakey_mode_unwraps_once_then_makes_no_vault_call_per_token(
 def test_a_token_for_another_audience_is_rejected_with_exactly_one_vault_call(
     bao_env: dict[str, str], openbao: OpenBao, transit_key: str, tmp_path: Path
 ) -> None:
-    """Issue 6: sealed for `a`, unsealed for `b`: Vault refuses (context = audience) and the codec does not
+    """Sealed for `a`, unsealed for `b`: Vault refuses (context = audience) and the codec does not
     retry a refused decrypt; the OpenBao audit log shows exactly one decrypt request."""
     path = make_ring(tmp_path, transit_key, "remote")
     token = VaultTransitCodec(path, audience="a").seal(b"for a only")
@@ -143,7 +143,7 @@ def test_remote_token_layout_and_tampering(
 def test_a_non_derived_transit_key_is_refused_at_construction(
     bao_env: dict[str, str], openbao: OpenBao, tmp_path: Path
 ) -> None:
-    """Issue 6: a key that is not derived cannot bind tokens to an audience; the message says how to make one."""
+    """A key that is not derived cannot bind tokens to an audience; the message says how to make one."""
     name = openbao.new_transit_key(derived=False)
     with pytest.raises(ConfigError, match=rf"bao write -f transit/keys/{name} derived=true"):
         make_ring(tmp_path, name, "remote")
@@ -181,7 +181,7 @@ def test_a_mode_mismatch_and_a_foreign_ring_are_config_errors(
 def test_vault_stopped_mid_test_is_backend_unavailable_and_the_same_codec_recovers(
     bao_env: dict[str, str], bao_proxy: CountingProxy, transit_key: str, tmp_path: Path, mode: str
 ) -> None:
-    """Issue 6: Vault unreachable is the distinct `BackendUnavailable` (never InvalidRequestState), and the
+    """Vault unreachable is the distinct `BackendUnavailable` (never InvalidRequestState), and the
     codec works again once the server is back, without being rebuilt."""
     path = make_ring(tmp_path, transit_key, mode)
     codec = VaultTransitCodec(path, audience="billing")
@@ -207,7 +207,7 @@ def test_vault_stopped_mid_test_is_backend_unavailable_and_the_same_codec_recove
 def test_encrypt_answer_without_the_asked_version_and_a_retired_pin_reload_once(
     bao_env: dict[str, str], openbao: OpenBao, transit_key: str, tmp_path: Path
 ) -> None:
-    """Issue 6: a codec whose pinned version Vault refuses to encrypt with reloads the rotation state once
+    """A codec whose pinned version Vault refuses to encrypt with reloads the rotation state once
     and retries; if the ring has not moved, it fails with a clear error instead of looping."""
     path = make_ring(tmp_path, transit_key, "remote")
     stale = VaultTransitCodec(path, audience="billing")  # loaded at phase 0: pinned to version 1
@@ -252,7 +252,7 @@ def test_settings_from_the_vault_and_bao_environments() -> None:
 
 
 def test_approle_login(openbao: OpenBao, transit_key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 6: AppRole auth; the server policy is least privilege (docs/vault.md): it can seal and unseal
+    """AppRole auth; the server policy is least privilege (docs/vault.md): it can seal and unseal
     but not rotate."""
     policy = (
         f'path "transit/encrypt/{transit_key}" {{ capabilities = ["update"] }}\n'
@@ -280,7 +280,7 @@ def test_approle_login(openbao: OpenBao, transit_key: str, tmp_path: Path, monke
 
 
 def test_tls_with_a_ca_bundle(openbao_tls: OpenBao, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 6: TLS options. With VAULT_CACERT naming the server's CA the codec works; without it the
+    """TLS options. With VAULT_CACERT naming the server's CA the codec works; without it the
     certificate is not trusted and the failure is BackendUnavailable naming the TLS error."""
     assert openbao_tls.ca_cert is not None
     key = openbao_tls.new_transit_key()

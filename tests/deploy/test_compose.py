@@ -1,4 +1,4 @@
-"""compose.yaml, checked without a container runtime (issue 16, deliverable 1; docs/deploy.md).
+"""compose.yaml, checked without a container runtime (docs/deploy.md).
 
 Each service runs as compose would start it: the image's ENTRYPOINT / CMD unless the service overrides
 them, the image's ENV then the service's ``environment``, in ``depends_on`` order, one-shot services to

@@ -1,4 +1,4 @@
-"""The Dockerfile, checked without a container runtime (issue 16, deliverable 1; docs/deploy.md).
+"""The Dockerfile, checked without a container runtime (docs/deploy.md).
 
 hadolint lints it; then the image's own ENTRYPOINT + CMD run with its ENV, WORKDIR and USER (10001),
 the key ring and client registry read-only in /etc/mrtr-keys, only /var/lib/mrtr-keys writable; its

@@ -1,5 +1,5 @@
 """Adopting mrtr-keys in a fleet on the MCP SDK's own ``RequestStateSecurity(keys=[KEY])`` with a rolling
-deploy, without dropping a round (issue 17, docs/migration.md).
+deploy, without dropping a round (docs/migration.md).
 
 Real MCP servers over streamable HTTP (``python -m mrtr_keys.example``, uvicorn, free loopback ports), all
 named ``provisioner``: A runs the SDK's own codec with KEY (``--sdk-key-file``), B and later C run

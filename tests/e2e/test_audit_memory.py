@@ -1,4 +1,4 @@
-"""The audit queue is bounded in bytes, not only in events (issue 13 item 2).
+"""The audit queue is bounded in bytes, not only in events.
 
 A rejected unseal's event keeps the token until the writer fingerprints it. With the store down and
 1 MB tokens, a queue bounded only in events grew a sidecar from 94 MB to 1,102 MB RSS over 1,000

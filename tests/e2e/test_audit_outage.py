@@ -1,4 +1,4 @@
-"""A PostgreSQL audit store that goes away and comes back (issue 13 item 1): the sidecar recovers by itself.
+"""A PostgreSQL audit store that goes away and comes back: the sidecar recovers by itself.
 
 The database sits behind a TCP proxy the test stops (every connection cut, new ones refused) and
 starts again, as a restart or a network blip would. Strict mode refuses while the store is gone and

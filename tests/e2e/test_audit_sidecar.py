@@ -1,4 +1,4 @@
-"""The audit log after a sidecar run (a real ``mrtr-keys serve`` process), and strict mode (issue 7 item 7)."""
+"""The audit log after a sidecar run (a real ``mrtr-keys serve`` process), and strict mode."""
 
 from __future__ import annotations
 

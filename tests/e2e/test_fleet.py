@@ -1,4 +1,4 @@
-"""Fleet: round 1 on one server process, the retry on another (issue 2, "Fleet").
+"""Fleet: round 1 on one server process, the retry on another .
 
 The SDK page (section "保护 requestState") says the default key lives and dies with its process, so a
 retry landing on another instance is rejected; a key ring shared by every instance fixes that.

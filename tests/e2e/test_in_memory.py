@@ -1,6 +1,6 @@
-"""A real `Client(MCPServer)` multi-round-trip call, requestState sealed by the local codec (issue 2).
+"""A real `Client(MCPServer)` multi-round-trip call, requestState sealed by the local codec.
 
-The protocol rules come from the MCP 2026-07-28 multi-round-trip page (the seed doc): the server returns
+The protocol rules come from the MCP 2026-07-28 multi-round-trip page: the server returns
 `InputRequiredResult`, the client retries with ``input_responses`` and the echoed ``requestState``, and every
 requestState that fails verification is answered -32602 "Invalid or expired requestState".
 """

@@ -1,4 +1,4 @@
-"""The shipped Kubernetes manifest, run as written (issue 12): deploy/kubernetes/sidecar.yaml's sidecar
+"""The shipped Kubernetes manifest, run as written: deploy/kubernetes/sidecar.yaml's sidecar
 command and environment, as its non-root user, with the ring and client registry on a directory laid out
 as the kubelet lays out a Secret volume (``..data`` link, files 0440 root:fsGroup) and only the state
 directory writable. The mount is swapped the kubelet's way through begin, promote and retire while the

@@ -1,4 +1,4 @@
-"""Instances sharing a remote keystore and nothing else (issue 12).
+"""Instances sharing a remote keystore and nothing else.
 
 Two sidecars, each in its own working and state directory with no ring file anywhere, read one ring from
 Vault KV v2 or Secrets Manager through a TCP proxy. Rounds cross instances both ways (sealed on one,

@@ -1,4 +1,4 @@
-"""KMS unreachable, slow or unconfigured: a clear error naming the kid and the cause, fast (issue 3).
+"""KMS unreachable, slow or unconfigured: a clear error naming the kid and the cause, fast.
 
 The codec unwraps at construction, so an unreachable KMS fails the construction (bounded by the
 configured connect/read timeouts and attempts, docs/kms.md) instead of failing every token later.

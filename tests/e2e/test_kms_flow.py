@@ -1,4 +1,4 @@
-"""The MCP multi-round-trip flow with requestState sealed by the KMS envelope codec (issue 3).
+"""The MCP multi-round-trip flow with requestState sealed by the KMS envelope codec.
 
 Against moto in server mode behind a counting proxy: the data keys are unwrapped once when the
 codec is built, and the rounds themselves make no KMS request.
@@ -63,7 +63,7 @@ def test_by_hand_the_token_is_ours_and_a_tampered_one_is_refused(kms: KMSEnv, tm
 
 
 def test_fleet_two_processes_one_kms_ring(kms: KMSEnv, tmp_path: Path) -> None:
-    # Issue 3: the fleet test as for the local codec; each process unwraps the ring's keys once.
+    # The fleet test as for the local codec; each process unwraps the ring's keys once.
     path = kms_ring(tmp_path, kms)
     run_step(FileKeystore(path), "begin")  # two usable data keys
     kms.proxy.reset()

@@ -1,4 +1,4 @@
-"""Rotation and rewrap of a KMS ring through the CLI, as a deploy pipeline runs them (issue 3).
+"""Rotation and rewrap of a KMS ring through the CLI, as a deploy pipeline runs them.
 
 `init --codec kms` and `rotate begin` make data keys with GenerateDataKey; the three phases behave as
 for the local codec (the MCP SDK's rotation: keys=[old,new] -> [new,old] -> [new]). `rewrap` moves

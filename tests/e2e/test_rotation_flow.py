@@ -1,4 +1,4 @@
-"""A rotation in the middle of a multi-round-trip flow rejects nothing in flight (issue 2; seed "轮换密钥").
+"""A rotation in the middle of a multi-round-trip flow rejects nothing in flight.
 
 Phase 1 (`rotate begin`): every instance learns to verify NEW while OLD still seals. Phase 2
 (`rotate promote`): NEW seals and OLD still verifies. During the roll-out of each phase, instances at the

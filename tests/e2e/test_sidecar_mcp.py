@@ -1,8 +1,8 @@
-"""MCP multi-round-trip calls sealed through the sealing sidecar (`SidecarCodec`, issue 4).
+"""MCP multi-round-trip calls sealed through the sealing sidecar (`SidecarCodec`).
 
 The sidecar is a real `mrtr-keys serve` process; the MCP servers are the example server in memory, their
 requestState sealed and unsealed over HTTP (or a Unix socket) by `mrtr_keys.request_state_security(sidecar=...)`.
-Protocol rules: the MCP 2026-07-28 multi-round-trip page (the seed doc); every requestState that fails
+Protocol rules: the MCP 2026-07-28 multi-round-trip page; every requestState that fails
 verification is answered -32602 "Invalid or expired requestState".
 """
 
@@ -111,7 +111,7 @@ def test_over_a_unix_socket(keystore_path: Path, sidecar_factory: Any, tmp_path:
 
 
 def test_unreachable_sidecar_is_backend_unavailable_and_the_sdk_fails_closed(sidecar: Sidecar) -> None:
-    """Issue 4: unreachable -> BackendUnavailable (not InvalidRequestState); the SDK call fails, never passes."""
+    """Unreachable -> BackendUnavailable (not InvalidRequestState); the SDK call fails, never passes."""
     with refused_port() as port:
         codec = SidecarCodec(f"http://127.0.0.1:{port}", audience=AUD, secret="mks_x", timeout=1)
         with pytest.raises(BackendUnavailable):

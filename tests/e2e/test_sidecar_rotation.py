@@ -1,4 +1,4 @@
-"""Rotation under traffic through the sidecar (issue 4): begin, promote, retire while clients seal and
+"""Rotation under traffic through the sidecar: begin, promote, retire while clients seal and
 unseal continuously; zero failures for tokens that should stay valid, and the sidecar never restarts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`make run` (``python -m mrtr_keys.run``): the sidecar on embedded defaults, loopback only (issue 4)."""
+"""`make run` (``python -m mrtr_keys.run``): the sidecar on embedded defaults, loopback only."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_make_run_creates_state_serves_on_loopback_and_never_prints_the_secret(t
 
 
 def test_make_run_on_a_busy_port_says_so_in_one_line_before_any_banner(tmp_path: Path) -> None:
-    """Issue 13 item 7: like ``mrtr-keys serve``, a port in use is one line on stderr, exit 2, no banner."""
+    """Like ``mrtr-keys serve``, a port in use is one line on stderr, exit 2, no banner."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -1,4 +1,4 @@
-"""MCP multi-round-trip flows with requestState sealed by Vault / OpenBao transit (issue 6), both modes.
+"""MCP multi-round-trip flows with requestState sealed by Vault / OpenBao transit, both modes.
 
 In memory (`Client(MCPServer)`) and as a fleet (round 1 on one server process, the retry on another);
 the protocol rules are the MCP 2026-07-28 multi-round-trip page: every requestState that fails
@@ -77,7 +77,7 @@ def test_in_memory_flow_across_a_rotation(bao_env: dict[str, str], transit_key: 
 def test_vault_down_fails_the_round_closed_and_the_server_recovers(
     bao_env: dict[str, str], bao_proxy: CountingProxy, transit_key: str, tmp_path: Path
 ) -> None:
-    """Issue 6: Vault unreachable is BackendUnavailable inside the codec; the SDK turns a failing seal into
+    """Vault unreachable is BackendUnavailable inside the codec; the SDK turns a failing seal into
     -32603 and a failing unseal into its frozen -32602, and the same server works once Vault is back."""
     mcp = server_for(vault_ring(tmp_path, transit_key, "remote"))
     token = anyio.run(first_round, mcp).request_state
@@ -105,7 +105,7 @@ def test_vault_down_fails_the_round_closed_and_the_server_recovers(
 def test_fleet_round_trip_across_two_processes(
     bao_env: dict[str, str], openbao: OpenBao, transit_key: str, tmp_path: Path, mode: str
 ) -> None:
-    """Issue 6: round 1 on server process A, the retry on process B; both read BAO_ADDR/BAO_TOKEN."""
+    """Round 1 on server process A, the retry on process B; both read BAO_ADDR/BAO_TOKEN."""
     path = vault_ring(tmp_path, transit_key, mode)
     result = run_fleet_round_trip(path, "provisioner", env=bao_env, log_dir=tmp_path)
     assert result.request_state.startswith(PREFIX[mode])

@@ -1,7 +1,7 @@
-"""Rotation on a Vault / OpenBao transit key through `mrtr-keys rotate`, both modes (issue 6).
+"""Rotation on a Vault / OpenBao transit key through `mrtr-keys rotate`, both modes.
 
 The phases are the MCP SDK's (begin: new verifies, old seals; promote: new seals, old verifies;
-retire after TTL + 60 s); issue 6 maps them to transit: begin rotates the transit key with sealing
+retire after TTL + 60 s); on a transit key they map to: begin rotates the transit key with sealing
 pinned to the old version, promote changes only the ring (min_encryption_version stays), retire
 raises min_encryption_version and min_decryption_version. Deploy steps run as the CLI, as a
 pipeline would; "instances" are codecs loaded at a given phase and not reloaded.

@@ -1,4 +1,4 @@
-"""Two processes racing on one keystore (issue 12): 50 rotation steps each, every lost race retried.
+"""Two processes racing on one keystore: 50 rotation steps each, every lost race retried.
 
 Compare-and-swap is the keystore's own (Vault KV ``cas``, moving Secrets Manager's AWSCURRENT off
 the version read, the file's lock), and each process has its own state directory, so nothing local

@@ -1,4 +1,4 @@
-"""`mrtr-keys keystore copy SRC DST` (issue 12): same ring_id and generation, refuses to overwrite a newer
+"""`mrtr-keys keystore copy SRC DST`: same ring_id and generation, refuses to overwrite a newer
 ring or another ring, prints kids and states and never material."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docs/keystores.md as written (issue 12): its command blocks run against the OpenBao dev server and moto,
+"""docs/keystores.md as written: its command blocks run against the OpenBao dev server and moto,
 and its least-privilege policies do what the page says: the instance policy reads and refuses writes with
 one line naming the keystore and the permission, the deploy policy writes. AppRole logs in the same way."""
 

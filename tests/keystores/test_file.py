@@ -1,4 +1,4 @@
-"""The file keystore (issue 2, "Key ring"): atomic writes (temp file, fsync, rename), mode 0600,
+"""The file keystore : atomic writes (temp file, fsync, rename), mode 0600,
 refuses group/world-readable files (as ssh refuses such a private key), never overwrites on
 create, and compare-and-swap on the generation so two writers can never both win."""
 

@@ -1,4 +1,4 @@
-"""A key ring on a read-only mount (issue 12): a Kubernetes Secret volume as the kubelet lays it out.
+"""A key ring on a read-only mount: a Kubernetes Secret volume as the kubelet lays it out.
 
 The kubelet writes Secret files ``root:fsGroup`` with ``defaultMode`` (0440 for a non-root reader) behind
 a ``..data`` link it swaps atomically. Such files are accepted (nobody can chmod them there), world-readable

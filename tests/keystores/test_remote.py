@@ -1,4 +1,4 @@
-"""Every keystore by URL (issue 12): file, Vault KV v2 (``vault-kv://``) and Secrets Manager (``aws-sm://``)
+"""Every keystore by URL: file, Vault KV v2 (``vault-kv://``) and Secrets Manager (``aws-sm://``)
 behave alike: `init` through the CLI, the rotation matrix across four generations, `inspect`; a stored
 ring is replaced only by compare-and-swap on what the writer read; `revision()` changes exactly when the
 ring does. Real servers: the OpenBao dev server and moto in server mode."""

@@ -1,4 +1,4 @@
-"""The vault-kv keystore shares the transit codec's Vault client (issue 12): a namespace and a TLS server
+"""The vault-kv keystore shares the transit codec's Vault client: a namespace and a TLS server
 verified with a CA bundle work as for transit, from the same settings."""
 
 from __future__ import annotations

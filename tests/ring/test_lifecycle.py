@@ -1,6 +1,6 @@
 """Key ring changes outside the rotation phases (`mrtr_keys.ring.lifecycle`), with injected times.
 
-Our decision (issue 16): raising the TTL is in force at once; lowering it waits until the old
+Our decision: raising the TTL is in force at once; lowering it waits until the old
 TTL + 60 s (the SDK's future skew) have passed since the request and since the last seal the
 audit log shows from an instance that was running before it.
 """

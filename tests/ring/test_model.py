@@ -1,6 +1,6 @@
-"""The key ring document and its invariants (issue 2, "Key ring"): versioned JSON, unique kids,
+"""The key ring document and its invariants : versioned JSON, unique kids,
 exactly one primary, 32 bytes of material stored as standard base64, and errors that never echo
-key material (CONVENTIONS.md: no secret in an exception message or a repr)."""
+key material (our rule: no secret in an exception message or a repr)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_describe_never_contains_material() -> None:
 
 
 def test_repr_of_ring_key_codec_and_keystore_shows_no_material(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """CONVENTIONS.md: no secret in a repr()."""
+    """Our rule: no secret in a repr()."""
     ring = rotate_through(fresh_ring()).after_promote
     store = FileKeystore(tmp_path / "ring.json")
     store.create(ring)

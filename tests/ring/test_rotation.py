@@ -1,4 +1,4 @@
-"""Three-phase rotation (issue 2; the MCP SDK docs' zero-downtime rotation, quoted in
+"""Three-phase rotation (the MCP SDK docs' zero-downtime rotation, quoted in
 `mcp.server.request_state.RequestStateSecurity`): begin, promote, retire after TTL + 60 s.
 
 Times are injected (`now=`), so nothing here sleeps.
@@ -102,7 +102,7 @@ def test_begin_adds_one_verify_key_and_the_old_key_still_seals() -> None:
 
 
 def test_begin_twice_is_a_no_op_that_says_already_begun() -> None:
-    """Issue 2: a deploy pipeline may rerun a step; rerunning begin adds nothing."""
+    """A deploy pipeline may rerun a step; rerunning begin adds nothing."""
     ring = _begun()
     again = begin(ring, T_BEGIN + timedelta(seconds=5), LOCAL)
     assert not again.changed and again.ring is ring and len(again.ring.keys) == 2
@@ -183,7 +183,7 @@ def test_status_reports_phase_next_step_and_wait() -> None:
 
 
 def test_begin_with_a_ttl_stores_it_and_moves_the_gate() -> None:
-    """Issue 2: the TTL comes from --ttl and is stored in the ring."""
+    """The TTL comes from --ttl and is stored in the ring."""
     ring = begin(RING, T_BEGIN, LOCAL, ttl=30).ring
     assert ring.ttl_seconds == 30.0
     ring = promote(ring, T_PROMOTE).ring

@@ -1,6 +1,6 @@
-"""A key ring's audience scope (issue 2): the audiences it may seal and unseal for; empty means any.
+"""A key ring's audience scope: the audiences it may seal and unseal for; empty means any.
 Names are exact and case-sensitive; a codec for an audience outside the scope fails at
-construction (Tink habit, STYLE.md: fail at construction, not on first use)."""
+construction (fail at construction, not on first use, as Tink does)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_unusable_names_are_refused(billing: FileKeystore, name: str) -> None:
 
 @pytest.mark.parametrize("scope", [(), ("a", "b")])
 def test_a_token_sealed_for_a_never_unseals_for_b_under_the_same_ring(scope: tuple[str, ...]) -> None:
-    """Issue 2: the AES key is derived per audience (HKDF info) and the audience is associated data."""
+    """The AES key is derived per audience (HKDF info) and the audience is associated data."""
     ring = fresh_ring(audiences=scope)
     a, b = LocalAESGCMCodec.from_ring(ring, audience="a"), LocalAESGCMCodec.from_ring(ring, audience="b")
     token = a.seal(b"for a")

@@ -1,4 +1,4 @@
-"""The sidecar's HTTP API as a client sees it: statuses, bodies, auth and audience scoping (issue 4).
+"""The sidecar's HTTP API as a client sees it: statuses, bodies, auth and audience scoping.
 
 One sidecar process (uvicorn, free loopback port) serves the whole module.
 """
@@ -58,7 +58,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 
 def test_seal_then_unseal_round_trips_bytes_and_names_the_kid(env: Env) -> None:
-    """Issue 4 API: POST /v1/seal {audience, payload} -> {token, kid}; /v1/unseal gives the bytes back."""
+    """POST /v1/seal {audience, payload} -> {token, kid}; /v1/unseal gives the bytes back."""
     payload = bytes(range(256))
     r = env.billing.post("/v1/seal", json={"audience": "billing", "payload": b64u(payload)})
     assert r.status_code == 200
@@ -71,7 +71,7 @@ def test_seal_then_unseal_round_trips_bytes_and_names_the_kid(env: Env) -> None:
 
 
 def test_auth_matrix(env: Env) -> None:
-    """Issue 4: no credentials or a wrong secret -> 401; a known client outside its grant -> 403."""
+    """No credentials or a wrong secret -> 401; a known client outside its grant -> 403."""
     body = {"audience": "billing", "payload": b64u(b"x")}
     assert env.anon.post("/v1/seal", json=body).status_code == 401
     wrong = env.sidecar.http("mks_" + "A" * 43)
@@ -98,7 +98,7 @@ def test_auth_matrix(env: Env) -> None:
 
 
 def test_audience_matrix_is_exact_and_case_sensitive(env: Env) -> None:
-    """Issue 4: a token for `billing` never unseals as billing-admin, bill, Billing (all granted), nor without one."""
+    """A token for `billing` never unseals as billing-admin, bill, Billing (all granted), nor without one."""
     token = env.seal(audience="billing")
     for other in ("billing-admin", "bill", "Billing"):
         r = env.all.post("/v1/unseal", json={"audience": other, "token": token})
@@ -110,7 +110,7 @@ def test_audience_matrix_is_exact_and_case_sensitive(env: Env) -> None:
 
 
 def test_every_unseal_failure_looks_the_same(env: Env) -> None:
-    """Issue 4: whatever the reason, the same status and the same body (the reason is in the server log only).
+    """Whatever the reason, the same status and the same body (the reason is in the server log only).
     A token under a retired key gets this answer too (tests/e2e/test_sidecar_rotation.py)."""
     store = FileKeystore(env.sidecar.keystore)
     good = env.seal(b"payload")
@@ -141,7 +141,7 @@ def test_every_unseal_failure_looks_the_same(env: Env) -> None:
 
 
 def test_oversized_bodies_are_refused_before_parsing(env: Env) -> None:
-    """Issue 4: a body over max_body_bytes is 413, from Content-Length or while streaming (chunked)."""
+    """A body over max_body_bytes is 413, from Content-Length or while streaming (chunked)."""
     big = b'{"audience":"billing","token":"' + b"A" * DEFAULT_MAX_BODY_BYTES + b'"}'
     r = env.all.post("/v1/unseal", content=big, headers={"content-type": "application/json"})
     assert (r.status_code, r.json()["error"]) == (413, "body_too_large")
@@ -169,7 +169,7 @@ def test_oversized_bodies_are_refused_before_parsing(env: Env) -> None:
     ],
 )
 def test_invalid_fields_are_422_naming_the_field(env: Env, body: object, loc: list[str]) -> None:
-    """Issue 4: invalid fields are 422 with a message naming the field (values are never echoed)."""
+    """Invalid fields are 422 with a message naming the field (values are never echoed)."""
     r = env.all.post("/v1/seal", json=body)
     assert r.status_code == 422
     detail = r.json()["detail"]
@@ -178,7 +178,7 @@ def test_invalid_fields_are_422_naming_the_field(env: Env, body: object, loc: li
 
 
 def test_batch_mixes_good_and_bad_items(env: Env) -> None:
-    """Issue 4: one result per item in order; a bad item gets {error} and never fails the others."""
+    """One result per item in order; a bad item gets {error} and never fails the others."""
     items = [
         {"audience": "billing", "payload": b64u(b"one")},
         {"audience": "billing-admin", "payload": b64u(b"two")},  # not granted to this client
@@ -206,7 +206,7 @@ def test_batch_mixes_good_and_bad_items(env: Env) -> None:
 
 
 def test_batch_size_is_capped(env: Env) -> None:
-    """Issue 4: a documented maximum batch size (max_batch_items, default 256); empty is invalid too."""
+    """A documented maximum batch size (max_batch_items, default 256); empty is invalid too."""
     item = {"audience": "billing", "payload": b64u(b"x")}
     assert env.all.post("/v1/seal/batch", json={"items": [item] * DEFAULT_MAX_BATCH_ITEMS}).status_code == 200
     for items in ([item] * (DEFAULT_MAX_BATCH_ITEMS + 1), []):
@@ -215,7 +215,7 @@ def test_batch_size_is_capped(env: Env) -> None:
 
 
 def test_keys_health_ready_and_metrics(env: Env) -> None:
-    """Issue 4: /v1/keys without material; /healthz, /readyz, /metrics need no secret and reveal no secrets."""
+    """/v1/keys without material; /healthz, /readyz, /metrics need no secret and reveal no secrets."""
     ring = FileKeystore(env.sidecar.keystore).load()
     keys = env.all.get("/v1/keys").json()
     assert keys["generation"] == ring.generation
@@ -236,7 +236,7 @@ def test_keys_health_ready_and_metrics(env: Env) -> None:
 
 
 def test_openapi_documents_the_routes_and_models(env: Env) -> None:
-    """Issue 4: the app serves its OpenAPI; the documented request models are the ones the routes accept."""
+    """The app serves its OpenAPI; the documented request models are the ones the routes accept."""
     doc = env.anon.get("/openapi.json").json()
     for path in ("/v1/seal", "/v1/unseal", "/v1/seal/batch", "/v1/unseal/batch", "/v1/keys", "/readyz"):
         assert path in doc["paths"]
@@ -247,7 +247,7 @@ def test_openapi_documents_the_routes_and_models(env: Env) -> None:
 
 
 def test_clients_added_and_removed_are_picked_up_without_restart(env: Env) -> None:
-    """Issue 4: the service picks up added and removed clients without a restart."""
+    """The service picks up added and removed clients without a restart."""
     pid = env.sidecar.proc.pid
     secret = env.sidecar.add_client("late", ["billing"])
     http = env.sidecar.http(secret)
@@ -262,7 +262,7 @@ def test_clients_added_and_removed_are_picked_up_without_restart(env: Env) -> No
 
 
 def test_registry_stores_only_a_hash_mode_0600(env: Env) -> None:
-    """Issue 4: the service stores only a hash of each secret; the registry file is private."""
+    """The service stores only a hash of each secret; the registry file is private."""
     text = env.sidecar.clients.read_text()
     assert env.all_secret not in text and env.billing_secret not in text
     assert env.sidecar.clients.stat().st_mode & 0o777 == 0o600

@@ -1,4 +1,4 @@
-"""`mrtr-keys clients ...`, the registry's hashing, the bearer parser and `serve` option checks (issue 4)."""
+"""`mrtr-keys clients ...`, the registry's hashing, the bearer parser and `serve` option checks."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.fixtures.common import run_cli
 
 
 def test_clients_add_list_remove_through_the_cli(keystore_path: Path) -> None:
-    """Issue 4: add prints the secret once (--json: client and secret); list never shows it; remove."""
+    """Add prints the secret once (--json: client and secret); list never shows it; remove."""
     added = run_cli(
         "clients",
         "add",
@@ -73,7 +73,7 @@ def test_registry_lookup_is_by_hash_and_exact(tmp_path: Path) -> None:
 
 @given(st.binary(max_size=600))
 def test_bearer_parser_never_raises(value: bytes) -> None:
-    """Untrusted header bytes: the parser returns the secret or None, never raises (CONVENTIONS: hypothesis)."""
+    """Untrusted header bytes: the parser returns the secret or None, never raises (property test)."""
     out = bearer_secret([(b"authorization", value)])
     assert out is None or (value[7:].strip() == out and value[:7].lower() == b"bearer ")
 

@@ -1,4 +1,4 @@
-"""Connection limits of a real sidecar process (issue 13 item 3): bounded slowloris, a 100 MB header, the cap.
+"""Connection limits of a real sidecar process: bounded slowloris, a 100 MB header, the cap.
 
 Before these limits, connections sending nothing, a partial head, a short body or an unfinished chunked
 body were held open indefinitely, and one 100 MB header stalled every client for seconds (beyond the 2 s
@@ -187,7 +187,7 @@ def test_the_http_setting_is_read_from_the_flag_the_environment_and_the_file(
 
 
 def test_by_default_a_stalled_connection_is_closed_within_10_s() -> None:
-    """Issue 13 item 3: the defaults (5 s for a head, 5 s for a body, checked every 0.5 s, 8 s kept alive idle)."""
+    """The defaults (5 s for a head, 5 s for a body, checked every 0.5 s, 8 s kept alive idle)."""
     from mrtr_keys.service.config import ServiceConfig
     from mrtr_keys.service.protocol import SWEEP_SECONDS, ConnectionLimits
 

@@ -1,4 +1,4 @@
-"""What a flood of bad requests writes to the server log (issue 13 item 7): bounded, one line each, no traceback.
+"""What a flood of bad requests writes to the server log: bounded, one line each, no traceback.
 
 A client sending bad tokens as fast as it can got one log line per token; with ``strict_audit`` and the
 audit store down, every refused request logged a whole traceback. Now the rejected-unseal lines and the

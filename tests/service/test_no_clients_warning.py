@@ -1,5 +1,5 @@
 """`mrtr-keys serve` with an empty client registry says so at start, with the command that fixes it
-(issue 16: docs/sidecar.md's "run it" block ended in 401 without a word)."""
+(docs/sidecar.md's "run it" block ended in 401 without a word)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Grafana dashboard and the Prometheus alerts name only metrics a running sidecar exports, and the
-sidecar logs one JSON object a line with ``--log-format json`` (issue 16, deliverable 2).
+sidecar logs one JSON object a line with ``--log-format json`` (deliverable 2).
 
 One real sidecar (``mrtr-keys serve``): started with no clients (its WARNING is checked as JSON),
 then a client, a seal, an unseal and a refused token, then ``GET /metrics``.

@@ -1,4 +1,4 @@
-"""One request core: the fast ASGI path, the FastAPI routes and the documented models agree (issue 10 item 3).
+"""One request core: the fast ASGI path, the FastAPI routes and the documented models agree.
 
 The app runs in process (Starlette's test client, no lifespan) over a real key ring and client registry;
 the audit sink is a plain list of the events it was called with. The same random bodies, valid and not,
@@ -129,7 +129,7 @@ RAW_BODIES = [
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fast_path_and_fastapi_route_answer_alike(sidecar: InProcess, data: st.DataObject) -> None:
-    """Issue 10 item 3: the same body gets the same status, body and audit events on both paths."""
+    """The same body gets the same status, body and audit events on both paths."""
     route = data.draw(st.sampled_from(ROUTES))
     body = data.draw(_body(route))
     if route.startswith("/v1/unseal") and data.draw(st.booleans()):
@@ -183,7 +183,7 @@ def test_raw_bodies_answer_alike(sidecar: InProcess, route: str, raw: bytes) -> 
 
 
 def test_a_lone_surrogate_token_gets_the_one_400(sidecar: InProcess) -> None:
-    """Issue 13 item 7: a token holding a lone surrogate is a bad token like any other: 400 invalid_token.
+    """A token holding a lone surrogate is a bad token like any other: 400 invalid_token.
 
     JSON allows the escape ``\\ud800`` (RFC 8259 section 8.2 leaves such strings to the implementation);
     orjson refuses them, so the body is parsed again by the standard library and reaches the codec."""

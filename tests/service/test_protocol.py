@@ -1,4 +1,4 @@
-"""The sidecar's HTTP protocol against a real uvicorn server on loopback (issue 10 item 6, issue 13 item 3).
+"""The sidecar's HTTP protocol against a real uvicorn server on loopback.
 
 `CorkedHttpToolsProtocol` subclasses uvicorn's private httptools protocol and wraps its transport, so
 these tests pin what it must keep doing whatever uvicorn release is installed (pyproject.toml bounds it to
@@ -160,7 +160,7 @@ def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
 
 @pytest.mark.parametrize("http", ["corked", "httptools"])
 def test_stalled_connections_are_closed(http: str) -> None:
-    """Issue 13 item 3: nothing sent, a partial head, a short body, an unfinished chunked body: each closed.
+    """Nothing sent, a partial head, a short body, an unfinished chunked body: each closed.
 
     A partial head gets 408; the others are just closed (a body cut short has no one to answer)."""
     server = _limited(http, header_timeout=0.3, body_timeout=0.3)
@@ -198,7 +198,7 @@ def test_a_kept_alive_connection_gets_a_fresh_head_deadline_per_request(http: st
 
 @pytest.mark.parametrize("http", ["corked", "httptools"])
 def test_a_head_over_the_limit_is_431_and_others_are_served_meanwhile(http: str) -> None:
-    """Issue 13 item 3: a huge header is refused after the first read over the limit, not parsed to its end."""
+    """A huge header is refused after the first read over the limit, not parsed to its end."""
     server = _limited(http, max_header_bytes=8192)
     try:
         big = server.connect()
@@ -247,7 +247,7 @@ def test_a_head_over_the_limit_gets_its_431(http: str) -> None:
 
 @pytest.mark.parametrize("http", ["corked", "httptools"])
 def test_connections_over_the_cap_get_503_and_are_closed(http: str) -> None:
-    """Issue 13 item 3: a clear answer beyond the cap (503 too_many_connections, then close)."""
+    """A clear answer beyond the cap (503 too_many_connections, then close)."""
     server = _limited(http, max_connections=2)
     try:
         a, b = server.connect(), server.connect()

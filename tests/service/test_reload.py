@@ -1,4 +1,4 @@
-"""Hot reload (issue 4): new generations switch in without a restart; a broken ring on disk never replaces
+"""Hot reload: new generations switch in without a restart; a broken ring on disk never replaces
 the loaded one; SIGHUP forces a poll; the Unix socket listener is private (mode 0600)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _seal(s: Sidecar, secret: str, payload: bytes = b"x") -> dict[str, Any]:
 
 
 def test_broken_ring_on_disk_keeps_the_last_good_one(keystore_path: Path, sidecar_factory: Any) -> None:
-    """Issue 4: a broken ring is logged, /readyz reports it, sealing continues on the last good ring;
+    """A broken ring is logged, /readyz reports it, sealing continues on the last good ring;
     once the file is fixed the sidecar follows it again."""
     s: Sidecar = sidecar_factory(keystore_path, reload_interval=0.1)
     secret = s.add_client("c", ["billing"])
@@ -59,7 +59,7 @@ def test_broken_ring_on_disk_keeps_the_last_good_one(keystore_path: Path, sideca
 
 
 def test_sighup_forces_a_reload(keystore_path: Path, sidecar_factory: Any) -> None:
-    """Issue 4: on SIGHUP the sidecar polls the keystore now (here the interval is an hour)."""
+    """On SIGHUP the sidecar polls the keystore now (here the interval is an hour)."""
     s: Sidecar = sidecar_factory(keystore_path, reload_interval=3600)
     secret = s.add_client("c", ["billing"])
     generation = run_step(FileKeystore(keystore_path), "begin").ring.generation
@@ -71,7 +71,7 @@ def test_sighup_forces_a_reload(keystore_path: Path, sidecar_factory: Any) -> No
 
 
 def test_unix_socket_is_created_0600(keystore_path: Path, sidecar_factory: Any, tmp_path: Path) -> None:
-    """Issue 4: the Unix socket listener is created with mode 0600 (only the sidecar's user may connect)."""
+    """The Unix socket listener is created with mode 0600 (only the sidecar's user may connect)."""
     sock = tmp_path / "run" / "sidecar.sock"
     s: Sidecar = sidecar_factory(keystore_path, uds=sock)
     st = os.stat(sock)

@@ -1,4 +1,4 @@
-"""Rotation gates read from the audit log (issue: "is the old key really unused?").
+"""Rotation gates read from the audit log that answer "is the old key really unused?".
 
 * **retire** (and ``next`` when it would retire): refused while the log shows the old kid
   *sealing* within the last TTL: some instance still mints tokens with it, and they stay valid

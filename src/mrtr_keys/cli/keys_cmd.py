@@ -22,7 +22,7 @@ def _state(row: dict[str, Any]) -> str:
 
 
 def _state_and_format(row: dict[str, Any]) -> str:
-    """The state, marked ``sdk`` for a key in the MCP SDK's format (issue 17, docs/migration.md)."""
+    """The state, marked ``sdk`` for a key in the MCP SDK's format (docs/migration.md)."""
     return _state(row) + (" sdk" if row.get("format") == "sdk-v1" else "")
 
 

@@ -28,7 +28,7 @@ QUESTION_STATE = "provision/region/v1"
 """The plaintext `request_state`: our own question identifier, checked on the retry.
 
 The SDK binds the sealed state to the method, tool, arguments, audience and TTL, but it cannot know
-which of our questions an answer belongs to; the seed page asks servers to put their own question
+which of our questions an answer belongs to; the MCP multi-round-trip page asks servers to put their own question
 identifier in the state and check it (section "手工构造的状态")."""
 
 ASK_REGION = ElicitRequest(
