@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterable
@@ -24,18 +25,72 @@ def open_codec(
     *,
     audience: str,
     observer: CodecObserver | None = None,
+    reload_every: float | None = None,
+    instance: str | None = None,
+    heartbeat_every: float | None = None,
     **backend_options: Any,
 ) -> Codec:
-    """The codec the stored ring records (local, KMS, Vault transit), opened for `audience`.
+    """The codec the stored ring records (local, KMS, Vault transit), opened for `audience`, that
+    keeps itself current.
+
+    A `mrtr_keys.keystores.watch.RingWatcher` (daemon thread, the codec's ``watcher`` attribute)
+    checks the keystore every `reload_every` seconds (default 2, with jitter) and reloads when the
+    ring changed; 0 turns that off (logged). With an audit `observer`, the instance also writes
+    presence heartbeats (`mrtr_keys.audit.presence`, the codec's ``presence`` attribute) every
+    `heartbeat_every` seconds (default 10) under the name `instance` (default
+    ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.
         AudienceError: `audience` outside the ring's scope.
         BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
+        ConfigError: a bad `reload_every`, `heartbeat_every` or `instance`.
     """
+    from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval
+
+    interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
     store = as_keystore(keystore)
-    backend = backend_for(store.load().codec, **backend_options)
-    return backend.open_codec(store, audience=audience, observer=observer)
+    codec = build_codec(store, audience=audience, observer=observer, **backend_options)
+    if callable(getattr(codec, "reload", None)):
+        _keep_current(codec, store, observer, interval=interval, instance=instance, heartbeat_every=heartbeat_every)
+    return codec
+
+
+def build_codec(
+    keystore: Keystore, *, audience: str, observer: CodecObserver | None = None, **backend_options: Any
+) -> Codec:
+    """`open_codec` without the watcher and presence (the sidecar, which watches its ring itself)."""
+    ring = keystore.load()
+    backend = backend_for(ring.codec, **backend_options)
+    return backend.open_codec(keystore, audience=audience, observer=observer)
+
+
+def _keep_current(
+    codec: Codec,
+    store: Keystore,
+    observer: CodecObserver | None,
+    *,
+    interval: float,
+    instance: str | None,
+    heartbeat_every: float | None,
+) -> None:
+    """Start the codec's ring watcher, and its presence heartbeat when it has an audit store."""
+    from mrtr_keys.keystores.watch import watch_codec
+
+    presence = None
+    sink = getattr(observer, "sink", None)
+    if sink is not None:
+        from mrtr_keys.audit.presence import presence_for
+
+        presence = presence_for(sink.store, name=instance, kind="library", every=heartbeat_every)
+    watcher = watch_codec(codec, store, interval=interval, on_switch=presence.beat if presence else None)
+    with contextlib.suppress(AttributeError):
+        codec.watcher = watcher  # type: ignore[attr-defined]
+        codec.presence = presence  # type: ignore[attr-defined]
+    if presence is not None:
+        from mrtr_keys.audit.presence import codec_source
+
+        presence.add(codec_source(codec, watcher))
 
 
 def request_state_security(
@@ -72,6 +127,9 @@ def request_state_security(
             across the fleet in this store, ``redis://HOST:PORT/DB`` or ``postgresql://...``.
         single_use_for: only these tools / prompts / resource URIs or URI templates (default: every round).
         on_store_error: ``"deny"`` refuses rounds while the store fails (default); ``"allow"`` serves them.
+        options: for a key-ring codec, `open_codec`'s: ``reload_every=`` (seconds between keystore
+            checks, default 2, 0 = off), ``instance=`` (presence name), ``heartbeat_every=``
+            (seconds, default 10), and the backend's client settings.
 
     Raises:
         ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.

@@ -1,4 +1,4 @@
-"""A schema v1 store (as the first release created it) opens, migrates to v2 and still verifies."""
+"""A schema v1 store (as the first release created it) opens, migrates to the current schema and still verifies."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def _insert_sql(param: str) -> str:
 def _check_migrated(url: str, indexes: Callable[[], set[str]], make_sink: Callable[..., AuditSink]) -> None:
     store: Any = open_store(url)  # migrates
     try:
-        assert store.schema_version() == SCHEMA_VERSION == 2
+        assert store.schema_version() == SCHEMA_VERSION == 3
+        assert store.instances() == []  # v3: the presence table exists, empty
         assert {i for i in indexes() if i.startswith("audit_events_")} - {"audit_events_pkey"} == V2_INDEXES
         assert [r.event for r in store.records()] == known_events(6)
     finally:
@@ -67,10 +68,10 @@ def _check_migrated(url: str, indexes: Callable[[], set[str]], make_sink: Callab
     assert res.code == 0, res.err
     report = res.json()
     assert report["ok"] is True and report["records"] == 9 and report["chains"] == 2
-    # reopening a v2 store changes nothing
+    # reopening a migrated store changes nothing
     again: Any = open_store(url)
     try:
-        assert again.schema_version() == 2
+        assert again.schema_version() == 3
         assert again.count() == 9
     finally:
         again.close()

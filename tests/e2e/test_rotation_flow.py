@@ -30,7 +30,8 @@ def test_a_round_sealed_at_phase_1_is_finished_by_a_fresh_process_at_phase_2(
     assert begun.code == 0, begun.err
     old, new = begun.json()["old"], begun.json()["new"]
 
-    phase1 = example_servers.start(keystore=keystore_path, instance="phase-1")
+    # An instance mid-roll-out: it stays at phase 1 (reload off) while phase 2 is written.
+    phase1 = example_servers.start(keystore=keystore_path, instance="phase-1", extra_args=("--reload-every", "0"))
     token_1 = anyio.run(first_round, phase1.url).request_state or ""
     assert _kid_of(token_1, keystore_path) == old  # OLD still seals in phase 1
 
@@ -55,7 +56,7 @@ def test_a_running_server_with_reload_every_follows_the_rotation(
 ) -> None:
     server = example_servers.start(keystore=keystore_path, instance="long-lived", extra_args=("--reload-every", "0.2"))
     assert run_cli("rotate", "begin", keystore=keystore_path).code == 0
-    promoted = run_cli("rotate", "promote", "--json", keystore=keystore_path)
+    promoted = run_cli("rotate", "promote", "--wait", "30", "--json", keystore=keystore_path)  # once it loaded phase 1
     assert promoted.code == 0, promoted.err
 
     deadline = time.monotonic() + 20

@@ -16,6 +16,7 @@ import typer
 from mrtr_keys.cli import (
     audit_cmd,
     clients_cmd,
+    fleet_cmd,
     health_cmd,
     init_cmd,
     inspect_cmd,
@@ -39,6 +40,7 @@ app = typer.Typer(
 app.command("init")(init_cmd.init)
 app.add_typer(keys_cmd.app, name="keys")
 app.add_typer(rotate_cmd.app, name="rotate")
+app.add_typer(fleet_cmd.app, name="fleet")
 app.add_typer(scope_cmd.app, name="audience")
 app.command("inspect")(inspect_cmd.inspect)
 app.add_typer(audit_cmd.app, name="audit")

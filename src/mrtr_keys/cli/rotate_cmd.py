@@ -1,4 +1,9 @@
-"""`mrtr-keys rotate status|begin|promote|retire|next`: the three-phase rotation (see `mrtr_keys.ring.rotation`)."""
+"""`mrtr-keys rotate status|begin|promote|retire|next|abort|restore`: three-phase rotation (`ring.rotation`).
+
+``promote``, ``retire`` and ``next`` take ``--wait SECONDS``: wait for the gates (`mrtr_keys.ring.wait`)
+with a live progress line on stderr (instances ready N of M, the TTL countdown); exit 0 when the
+step is done, 75 only when the wait runs out.
+"""
 
 from __future__ import annotations
 
@@ -25,27 +30,55 @@ WindowOpt = Annotated[
     typer.Option(
         "--window",
         envvar="MRTR_KEYS_GATE_WINDOW",
-        help="Promote gate: instances seen in the audit log this many seconds back must have loaded phase 1 "
-        "[default: 600].",
+        help="Count an instance only if its last heartbeat is younger than this many seconds [default: 3 of "
+        "its heartbeat intervals]; a step that passes only thanks to a narrower window is recorded as forced.",
         show_default=False,
+    ),
+]
+WaitOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--wait",
+        metavar="SECONDS",
+        help="Wait up to SECONDS for the gates (progress on stderr); exit 75 only if they are still closed then.",
     ),
 ]
 
 
 @app.command("status")
 def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
-    """Show the phase, the keys involved, the next step and how long it waits."""
-    from mrtr_keys.cli.output import print_fields, print_json
+    """Say the phase in one sentence, the keys involved, the next step and everything it waits for."""
+    from mrtr_keys.audit.gates import describe, evaluate
+    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.cli.options import root_audit
+    from mrtr_keys.cli.output import print_fields, print_json, print_line
     from mrtr_keys.ring.model import utcnow
     from mrtr_keys.ring.rotation import status as rotation_status
 
-    ring = keystore(keystore_).load()
-    st = rotation_status(ring, utcnow()).to_json()
-    st.update({"generation": ring.generation, "ttl_seconds": ring.ttl_seconds})
+    store = keystore(keystore_)
+    ring = store.load()
+    now = utcnow()
+    st = rotation_status(ring, now).to_json()
+    report = evaluate(existing_store(store, audit=root_audit()), ring, now)
+    st.update(
+        {
+            "generation": ring.generation,
+            "ttl_seconds": ring.ttl_seconds,
+            "wait_seconds": round(max(st["wait_seconds"], report.wait_seconds), 3),
+            "sentence": describe(report, ring, now),
+            "waits": [w.to_json() for w in report.waits],
+            "target_generation": report.target,
+            "instances_live": len(report.live),
+            "instances_ready": report.ready,
+        }
+    )
     if json_:
         print_json(st)
-    else:
-        print_fields(f"rotation of {ring.ring_id}", st)
+        return
+    print_line(st["sentence"])
+    print_fields(f"rotation of {ring.ring_id}", {k: v for k, v in st.items() if k not in ("sentence", "waits")})
+    for w in report.waits:
+        print_line(f"waiting for {w.what}: {w.detail}")
 
 
 def _step(
@@ -56,6 +89,7 @@ def _step(
     force: bool = False,
     ttl: float | None = None,
     window: float | None = None,
+    wait: float | None = None,
     if_older_than: str | None = None,
 ) -> None:
     from mrtr_keys.audit.gates import rotation_gate_for
@@ -71,9 +105,25 @@ def _step(
         if skip is not None:
             _print(skip, json_)
             return
-    # the audit log's gates (docs/audit.md); None without a log
-    gate = rotation_gate_for(store, audit=root_audit(), window=window)
-    _print(run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners()), json_)
+    gate = rotation_gate_for(store, audit=root_audit(), window=window)  # the audit store's gates; None without one
+    if wait is None:
+        result = run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners())
+    else:
+        from mrtr_keys.cli.progress import WaitProgress
+        from mrtr_keys.ring.wait import run_step_waiting
+
+        with WaitProgress(store, window=window) as progress:
+            result = run_step_waiting(
+                store,
+                step,
+                wait=wait,
+                on_wait=progress.update,
+                force=force,
+                ttl=ttl,
+                gate=gate,
+                listeners=change_listeners(),
+            )
+    _print(result, json_)
 
 
 def _print(result: ChangeResult, json_: bool) -> None:
@@ -102,16 +152,27 @@ def begin(keystore_: KeystoreOpt = None, ttl: TtlOpt = None, json_: JsonOpt = Fa
 
 @app.command("promote")
 def promote(
-    keystore_: KeystoreOpt = None, force: PromoteForceOpt = False, window: WindowOpt = None, json_: JsonOpt = False
+    keystore_: KeystoreOpt = None,
+    force: PromoteForceOpt = False,
+    window: WindowOpt = None,
+    wait: WaitOpt = None,
+    json_: JsonOpt = False,
 ) -> None:
-    """Phase 2: the new key seals; the old one still verifies."""
-    _step("promote", keystore_, json_, force=force, window=window)
+    """Phase 2: the new key seals; the old one still verifies. Waits for every live instance to load phase 1."""
+    _step("promote", keystore_, json_, force=force, window=window, wait=wait)
 
 
 @app.command("retire")
-def retire(keystore_: KeystoreOpt = None, force: ForceOpt = False, json_: JsonOpt = False) -> None:
-    """Phase 3: retire the old key, once TTL + 60 s have passed since the promote."""
-    _step("retire", keystore_, json_, force=force)
+def retire(
+    keystore_: KeystoreOpt = None,
+    force: ForceOpt = False,
+    window: WindowOpt = None,
+    wait: WaitOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Phase 3: retire the old key, once TTL + 60 s have passed since the promote and every live instance
+    has loaded phase 2."""
+    _step("retire", keystore_, json_, force=force, window=window, wait=wait)
 
 
 @app.command("next")
@@ -120,6 +181,7 @@ def next_(
     force: ForceOpt = False,
     ttl: TtlOpt = None,
     window: WindowOpt = None,
+    wait: WaitOpt = None,
     if_older_than: Annotated[
         str | None,
         typer.Option(
@@ -130,8 +192,8 @@ def next_(
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Run the next phase if allowed now; else exit 75 saying what it waits for."""
-    _step("next", keystore_, json_, force=force, ttl=ttl, window=window, if_older_than=if_older_than)
+    """Run the next phase if allowed now (with --wait: once allowed); else exit 75 saying what it waits for."""
+    _step("next", keystore_, json_, force=force, ttl=ttl, window=window, wait=wait, if_older_than=if_older_than)
 
 
 @app.command("abort")
@@ -142,3 +204,29 @@ def abort(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     from mrtr_keys.ring.lifecycle import abort as abort_rotation
 
     _print(apply_change(keystore(keystore_), "abort", abort_rotation, listeners=change_listeners()), json_)
+
+
+@app.command("restore")
+def restore(
+    backup: Annotated[str, typer.Argument(help="A key ring file saved earlier (same ring_id).")],
+    keystore_: KeystoreOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Write a backup of this ring back as its next generation (instances refuse a lower generation)."""
+    from pathlib import Path
+
+    from mrtr_keys.cli.options import change_listeners
+    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.errors import ConfigError
+    from mrtr_keys.ring.model import KeyRing
+    from mrtr_keys.ring.restore import restore as restore_ring
+
+    try:
+        data = Path(backup).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
+    result = restore_ring(keystore(keystore_), KeyRing.loads(data), listeners=change_listeners())
+    if json_:
+        print_json({"step": "restore", "generation": result.ring.generation, "message": result.message})
+    else:
+        print_line(result.message)

@@ -23,7 +23,19 @@ def serve(
     workers: Annotated[int | None, typer.Option("--workers", help="Worker processes [default: 1].")] = None,
     reload_interval: Annotated[
         float | None,
-        typer.Option("--reload-interval", help="Seconds between key ring / client registry polls [default: 2]."),
+        typer.Option(
+            "--reload-interval", help="Seconds between key ring and client registry checks; 0: off [default: 2]."
+        ),
+    ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            "--instance", envvar="MRTR_KEYS_INSTANCE", help="This instance's name in presence [default: host:pid]."
+        ),
+    ] = None,
+    heartbeat_interval: Annotated[
+        float | None,
+        typer.Option("--heartbeat-interval", help="Seconds between presence heartbeats [default: 10]."),
     ] = None,
     config: Annotated[str | None, typer.Option("--config", help="TOML file with a [sidecar] table.")] = None,
     clients: Annotated[
@@ -87,6 +99,8 @@ def serve(
         http=http,
         audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT and the log format, passed on to the
         log_format=chosen,  # workers in their settings
+        instance=instance,
+        heartbeat_interval=heartbeat_interval,
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

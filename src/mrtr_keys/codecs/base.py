@@ -59,7 +59,8 @@ def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:
     if stored.generation < loaded.generation:
         return (
             f"the stored key ring has generation {stored.generation}, older than the loaded generation "
-            f"{loaded.generation} (restored from a backup?); still using generation {loaded.generation}"
+            f"{loaded.generation} (restored from a backup?); still using generation {loaded.generation}. "
+            "To put a backup back, write it as a new generation: mrtr-keys rotate restore FILE"
         )
     return None
 

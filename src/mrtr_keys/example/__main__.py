@@ -1,9 +1,8 @@
 """`python -m mrtr_keys.example`: serve the example MCP server over streamable HTTP with uvicorn.
 
     python -m mrtr_keys.example --keystore PATH --audience NAME --host 127.0.0.1 --port N
-        [--codec-from-ring | --sdk-default-key | --sidecar URL | --sdk-key-file PATH] [--instance LABEL]
-        [--ttl SECONDS]
-        [--reload-every SECONDS] [--create-ring]
+        [--codec-from-ring | --sdk-default-key | --sidecar URL | --sdk-key-file PATH] [--instance NAME]
+        [--ttl SECONDS] [--reload-every SECONDS] [--heartbeat-every SECONDS] [--create-ring]
 
 Key sources (mutually exclusive):
   --codec-from-ring (default)  ``mrtr_keys.request_state_security(keystore, audience=NAME)``: the codec the
@@ -26,7 +25,6 @@ import argparse
 import ipaddress
 import logging
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,14 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    parser.add_argument("--instance", default="", help="label shown in the tool's answer ('served by LABEL')")
+    parser.add_argument(
+        "--instance",
+        default="",
+        help="instance name: shown in the tool's answer ('served by NAME') and in presence "
+        "(default: $MRTR_KEYS_INSTANCE, else host:pid)",
+    )
     parser.add_argument("--ttl", type=float, default=600.0, help="seconds a sealed round stays valid (default 600)")
     parser.add_argument(
         "--reload-every",
         type=float,
-        default=0.0,
+        default=None,
         metavar="SECONDS",
-        help="re-read the key ring this often, so a running server follows a rotation (default 0: never)",
+        help="check the key ring for a new generation this often (default 2; 0: never, which holds back rotations)",
+    )
+    parser.add_argument(
+        "--heartbeat-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="write a presence heartbeat to the audit store this often (default 10)",
     )
     parser.add_argument(
         "--create-ring", action="store_true", help="create a local key ring at --keystore if none exists there"
@@ -109,11 +119,19 @@ def add_key_source_options(parser: argparse.ArgumentParser) -> None:
 def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
     """Extra keyword arguments for `mrtr_keys.request_state_security` from the key-source flags.
 
-    Empty for ``--codec-from-ring``; ``--sidecar URL`` gives ``sidecar=URL``.
+    Empty for ``--codec-from-ring`` but for the watcher and presence options (``reload_every``,
+    ``instance``, ``heartbeat_every``); ``--sidecar URL`` gives ``sidecar=URL``.
     """
     if getattr(args, "sidecar", None):
         return {"sidecar": args.sidecar}
-    return {}
+    options: dict[str, Any] = {}
+    if args.reload_every is not None:
+        options["reload_every"] = args.reload_every
+    if args.heartbeat_every is not None:
+        options["heartbeat_every"] = args.heartbeat_every
+    if args.instance:
+        options["instance"] = args.instance
+    return options
 
 
 def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
@@ -170,29 +188,6 @@ def describe_security(security: RequestStateSecurity | None) -> str:
     )
 
 
-def start_reloader(codec: object, every: float) -> threading.Event | None:
-    """Call ``codec.reload()`` every `every` seconds in a daemon thread; set the returned event to stop.
-
-    None when `every` <= 0 or the codec has no ``reload``. A failed reload keeps the loaded ring and logs.
-    """
-    reload = getattr(codec, "reload", None)
-    if every <= 0 or reload is None:
-        return None
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(every):
-            try:
-                if reload():
-                    ring = getattr(codec, "ring", None)
-                    logger.warning("key ring reloaded: generation %s", getattr(ring, "generation", "?"))
-            except MrtrKeysError as exc:
-                logger.warning("key ring reload failed, keeping the loaded ring: %s", exc)
-
-    threading.Thread(target=loop, name="mrtr-keys-reload", daemon=True).start()
-    return stop
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -221,14 +216,9 @@ def serve(args: argparse.Namespace) -> None:
     print(f"  call it:      python -m mrtr_keys.example.client {url} --name orders --region eu-west-1", flush=True)
     if not _is_loopback(args.host):
         print("warning: listening on a non-loopback address; this example has no authentication", flush=True)
-    stop = start_reloader(security.codec, args.reload_every) if security is not None else None
     app = mcp.streamable_http_app(streamable_http_path=MCP_PATH, json_response=True, host=args.host)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
-    try:
-        uvicorn.Server(config).run()
-    finally:
-        if stop is not None:
-            stop.set()
+    uvicorn.Server(config).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,8 +3,9 @@
 Every keystore offers the same small contract (`Keystore`): load the ring,
 create it once, and save a new generation with compare-and-swap, so two
 writers can never both win; and a cheap `revision()` that changes whenever the
-stored ring does. Local files a process keeps for a ring (audit key, audit log,
-client registry, lock files) go to its state directory (`Keystore.directory`,
+stored ring does (the ring watcher, `mrtr_keys.keystores.watch`, polls it).
+Local files a process keeps for a ring (audit key, audit log, client registry,
+lock files) go to its state directory (`Keystore.directory`,
 `mrtr_keys.keystores.state`).
 """
 
@@ -51,6 +52,17 @@ class Keystore(Protocol):
 
         Raises:
             KeyRingNotFound, KeystoreError, KeyRingError.
+        """
+        ...
+
+    def revision(self) -> str | None:
+        """A cheap opaque string that changes whenever the stored ring changes (no full read).
+
+        Equal strings mean "unchanged since then"; the value means nothing else. None: this
+        keystore has no cheap check, so a watcher reads the whole ring each time.
+
+        Raises:
+            KeystoreError: the keystore cannot be reached (KeyRingNotFound: no ring there).
         """
         ...
 

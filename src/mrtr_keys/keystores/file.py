@@ -98,6 +98,21 @@ class FileKeystore:
         missing = KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)")
         return KeyRing.loads(read_private_file(self.path, "key ring", max_bytes=MAX_RING_BYTES, missing=missing))
 
+    def revision(self) -> str:
+        """``inode:size:mtime_ns`` of the ring file: every write renames a new file over it (a new
+        inode), so any change shows; one ``stat``, no read.
+
+        Raises:
+            KeyRingNotFound: no file; KeystoreError: it cannot be examined.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)") from None
+        except OSError as exc:
+            raise KeystoreError(f"cannot examine key ring {self.path}: {exc.strerror}") from None
+        return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
     def create(self, ring: KeyRing) -> None:
         with self.locked():
             if self.path.exists():

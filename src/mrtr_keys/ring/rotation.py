@@ -249,7 +249,7 @@ def run_step(
     now: datetime | None = None,
     force: bool = False,
     ttl: float | None = None,
-    gate: Callable[[str, KeyRing, datetime], None] | None = None,
+    gate: Callable[[str, KeyRing, datetime], str | None] | None = None,
     listeners: Sequence[ChangeListener] = (),
 ) -> ChangeResult:
     """Apply a rotation step to the stored ring (see `transition`, `apply_change`).
@@ -258,15 +258,16 @@ def run_step(
     `mrtr_keys.audit.ring_changes.change_listener()` to record it as the CLI does).
 
     `gate(step, ring, now)`, if given, runs first with ``next`` resolved to the step it means
-    (the audit log's gates, `mrtr_keys.audit.gates`); it raises `NotYet` to refuse. `force`
-    overrides it, and the result is then marked forced.
+    (the audit log's gates, `mrtr_keys.audit.gates`); it raises `NotYet` to refuse, or returns a
+    note when it let the step pass only because of an override (a narrowed window). `force`
+    overrides a refusal. Either way the result is then marked forced.
     """
 
     def transform(ring: KeyRing, at: datetime) -> ChangeResult:
         overridden: str | None = None
         if gate is not None:
             try:
-                gate(status(ring, at).next_step if step == "next" else step, ring, at)
+                overridden = gate(status(ring, at).next_step if step == "next" else step, ring, at)
             except NotYet as exc:
                 if not force:
                     raise

@@ -49,7 +49,7 @@ from mrtr_keys.service.lifecycle import probe_audience
 from mrtr_keys.service.metrics import CONTENT_TYPE
 from mrtr_keys.service.outcomes import AuditSink, Handler, Headers, Receive, Result, Scope, Send
 from mrtr_keys.service.protocol import ConnectionLimits
-from mrtr_keys.service.reload import RingState
+from mrtr_keys.service.reload import RingState, keep_current
 
 __all__ = ["AuditSink", "SidecarApp", "SidecarCore", "app_from_env", "create_app", "probe_audience"]
 
@@ -129,10 +129,12 @@ def create_app(
     auth = ClientAuth(registry_path(store.directory, config.clients))
     ring.prepare(auth.registry.audiences())
     core = SidecarCore(ring, auth, config, audit=audit)
+    keep_current(core, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(core.reload_loop())
+        if core.watcher is not None:
+            core.watcher.start()
         loop = asyncio.get_running_loop()
         hup = False
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
@@ -144,9 +146,10 @@ def create_app(
             if hup:
                 with contextlib.suppress(Exception):
                     loop.remove_signal_handler(signal.SIGHUP)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if core.watcher is not None:
+                await anyio.to_thread.run_sync(core.watcher.stop)
+            if core.presence is not None:
+                await anyio.to_thread.run_sync(core.presence.stop)
             if core.replay is not None:
                 core.replay.close()
             flush = getattr(audit, "flush", None)  # uvicorn re-raises SIGTERM after shutdown: no atexit

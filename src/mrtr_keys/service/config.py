@@ -10,7 +10,9 @@ over the file, the file wins over the defaults::
     port = 8750
     uds = "/run/mrtr/sidecar.sock"            # listen on a Unix socket (mode 0600) instead of TCP
     workers = 1
-    reload_interval = 2.0                     # seconds between keystore / registry polls
+    reload_interval = 2.0                     # seconds between keystore / registry checks (0: off)
+    instance = "sidecar-1"                    # presence name (else MRTR_KEYS_INSTANCE, else host:pid)
+    heartbeat_interval = 10.0                 # seconds between presence heartbeats
     max_body_bytes = 4259840                  # default: the 4 MiB token cap + 64 KiB of JSON around it
     max_batch_items = 256
     http = "corked"                           # or "httptools": uvicorn's own writes (else --http / MRTR_KEYS_HTTP)
@@ -43,6 +45,7 @@ from mrtr_keys.token import MAX_TOKEN_CHARS
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8750
 DEFAULT_RELOAD_INTERVAL = 2.0
+DEFAULT_HEARTBEAT_INTERVAL = 10.0
 MAX_RELOAD_INTERVAL = 86400.0
 DEFAULT_MAX_BODY_BYTES = MAX_TOKEN_CHARS + 64 * 1024
 """Largest request body accepted (bytes); larger ones get 413 before any parsing. The default holds one
@@ -92,6 +95,8 @@ class ServiceConfig:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    instance: str | None = None
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
 
     def __post_init__(self) -> None:
         for name in ("single_use_clients", "single_use_audiences"):
@@ -113,8 +118,15 @@ class ServiceConfig:
         _int_in("max_batch_items", self.max_batch_items, 1, MAX_MAX_BATCH_ITEMS)
         r = self.reload_interval
         number = isinstance(r, int | float) and not isinstance(r, bool)
-        if not (number and math.isfinite(r) and 0 < r <= MAX_RELOAD_INTERVAL):
-            raise ConfigError(f"reload_interval must be a number of seconds > 0 and <= {MAX_RELOAD_INTERVAL:g}")
+        if not (number and math.isfinite(r) and 0 <= r <= MAX_RELOAD_INTERVAL):
+            raise ConfigError(f"reload_interval must be a number of seconds from 0 (off) to {MAX_RELOAD_INTERVAL:g}")
+        h = self.heartbeat_interval
+        if not (isinstance(h, int | float) and not isinstance(h, bool) and 0.05 <= h <= 3600):
+            raise ConfigError("heartbeat_interval must be a number of seconds from 0.05 to 3600")
+        if self.instance is not None:
+            from mrtr_keys.audit.presence import instance_name
+
+            instance_name(self.instance)
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError("host must be a non-empty string")
         if self.audit is not None and not isinstance(self.audit, str):

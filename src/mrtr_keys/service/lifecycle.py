@@ -3,17 +3,15 @@
 `RingLifecycle` is the base of `mrtr_keys.service.handlers.SidecarCore`: it owns the `RingState` and
 the `ClientAuth`, calls codecs (on the event loop for in-memory codecs, in a worker thread for codecs
 that may call out per token), answers ``/readyz`` with a seal/unseal self-test (and a ping of the replay
-store when single-use is on), and runs the reload loop (every ``reload_interval`` seconds and on SIGHUP)
-that swaps in a new generation and client registry.
+store when single-use is on), and gives the ring watcher (`mrtr_keys.keystores.watch`, every
+``reload_interval`` seconds and on SIGHUP) what it calls to swap in a new generation and client registry.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from mcp.server.mcpserver import InvalidRequestState
@@ -26,6 +24,10 @@ from mrtr_keys.service.config import ServiceConfig
 from mrtr_keys.service.metrics import SidecarMetrics
 from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
+
+if TYPE_CHECKING:
+    from mrtr_keys.audit.presence import Presence
+    from mrtr_keys.keystores.watch import RingWatcher
 
 log = logging.getLogger("mrtr_keys.service")
 
@@ -71,7 +73,9 @@ class RingLifecycle:
                 ring_ttl=lambda: ring.ring.ttl_seconds,
                 registry=self.metrics.registry,
             )
-        self._wake: asyncio.Event | None = None
+        self.watcher: RingWatcher | None = None
+        """The ring watcher (`mrtr_keys.service.reload.keep_current`; the app's lifespan starts it)."""
+        self.presence: Presence | None = None
 
     # ---------------------------------------------------------------- codecs
 
@@ -102,7 +106,7 @@ class RingLifecycle:
     def describe(self) -> dict[str, Any]:
         """``GET /v1/keys``: the ring's public description and the reload error note (never material)."""
         doc = self.ring.ring.describe()
-        doc["reload_error"] = STALE_NOTE if self.ring.error else None
+        doc["reload_error"] = self.ring.refused or (STALE_NOTE if self.ring.error else None)
         return doc
 
     async def readyz(self, strict: bool = False) -> Result:
@@ -111,7 +115,7 @@ class RingLifecycle:
         With `strict`, a stored ring that cannot be loaded (last good one serving) also gives 503.
         """
         ring = self.ring.ring
-        stale = STALE_NOTE if self.ring.error else None
+        stale = self.ring.refused or (STALE_NOTE if self.ring.error else None)
         try:
             codec = await self._codec(probe_audience(ring))
             token, _ = await self._run(codec.seal, b"readyz")
@@ -139,12 +143,18 @@ class RingLifecycle:
 
     def reload_now(self) -> bool:
         """Poll the client registry and the keystore once (blocking I/O: call off the event loop)."""
-        registry_changed = self.auth.refresh()
-        audiences = self.auth.registry.audiences()
-        if registry_changed:
-            self.ring.prepare(audiences)
+        self.poll_registry()
+        return self.reload_ring()
+
+    def poll_registry(self) -> None:
+        """Reload the client registry if its file changed, and open codecs for new audiences."""
+        if self.auth.refresh():
+            self.ring.prepare(self.auth.registry.audiences())
+
+    def reload_ring(self) -> bool:
+        """Re-read the keystore and switch if it holds a newer ring (the ring watcher's reload). True if switched."""
         had_error = self.ring.error
-        switched = self.ring.reload(audiences)
+        switched = self.ring.reload(self.auth.registry.audiences())
         if switched:
             self._ring_loaded()
             self.metrics.reloads.labels("switched").inc()
@@ -152,7 +162,7 @@ class RingLifecycle:
             self.metrics.loaded_at.set_to_current_time()
         elif self.ring.error and self.ring.error != had_error:
             self.metrics.reloads.labels("failed").inc()
-        self.metrics.stale.set(1 if self.ring.error else 0)
+        self.metrics.stale.set(1 if self.ring.error or self.ring.refused else 0)
         return switched
 
     def _ring_loaded(self) -> None:
@@ -162,19 +172,6 @@ class RingLifecycle:
             hook(self.ring.ring.generation, self.ring.ring.primary.kid)
 
     def wake(self) -> None:
-        """Ask the reload loop to poll now (SIGHUP)."""
-        if self._wake is not None:
-            self._wake.set()
-
-    async def reload_loop(self) -> None:
-        """Poll every ``reload_interval`` seconds or when woken, until cancelled; a failed poll is logged."""
-        self._wake = wake = asyncio.Event()
-        interval = self.config.reload_interval
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), interval)
-            wake.clear()
-            try:
-                await anyio.to_thread.run_sync(self.reload_now)
-            except Exception:
-                log.exception("reload failed")
+        """Check the keystore now, with a full read (SIGHUP)."""
+        if self.watcher is not None:
+            self.watcher.wake()

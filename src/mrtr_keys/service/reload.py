@@ -9,7 +9,11 @@ it builds the codecs of every audience in use for the new ring and then
 replaces the whole `Snapshot` in one assignment, so a request sees either the
 old snapshot or the new one, never a mix. A ring that fails to load or to open
 is logged, reported (`error`, ``/readyz``, metrics) and never replaces the
-loaded one: sealing continues on the last good ring.
+loaded one: sealing continues on the last good ring. A ring with a lower
+generation (a restored backup, in which a retired kid would be usable again) or
+another ``ring_id`` is refused the same way (`refused`, a WARNING). The
+sidecar's `mrtr_keys.keystores.watch.RingWatcher` decides when to call
+`RingState.reload` (the same watcher every library codec uses).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.backends import Codec
+from mrtr_keys.codecs.base import reload_refusal
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import KeyRing
@@ -56,6 +61,9 @@ class PinnedKeystore:
 
     def load(self) -> KeyRing:
         return self._ring
+
+    def revision(self) -> str:
+        return f"pinned:{self._ring.generation}"
 
     def create(self, ring: KeyRing) -> None:
         raise MrtrKeysError("the sidecar never writes the key ring")
@@ -124,6 +132,8 @@ class RingState:
         self._options = dict(backend_options or {})
         self._lock = threading.Lock()
         self.error: str | None = None
+        self.refused: str | None = None
+        """Why the stored ring was refused (lower generation, another ring_id); None when it was not."""
         ring = keystore.load()
         self.snapshot = Snapshot(ring)
         self.inline = True
@@ -151,11 +161,11 @@ class RingState:
         codec = snap.codecs.get(audience)
         if codec is not None:
             return codec
-        from mrtr_keys.factory import open_codec
+        from mrtr_keys.factory import build_codec
 
         try:
             pinned = PinnedKeystore(self.keystore, snap.ring)
-            codec = open_codec(pinned, audience=audience, observer=self.tap, **self._options)
+            codec = build_codec(pinned, audience=audience, observer=self.tap, **self._options)
         except AudienceError as exc:
             snap.unusable[audience] = str(exc)
             raise
@@ -176,7 +186,13 @@ class RingState:
             try:
                 ring = self.keystore.load()
                 if ring == old.ring:
-                    self.error = None
+                    self.error = self.refused = None
+                    return False
+                refusal = reload_refusal(old.ring, ring)
+                if refusal is not None:
+                    if self.refused != refusal:
+                        log.warning("key ring not reloaded: %s", refusal)
+                    self.refused, self.error = refusal, None
                     return False
                 snap = Snapshot(ring)
                 for aud in _unique([*old.codecs, *audiences, self.probe_audience]):
@@ -190,7 +206,7 @@ class RingState:
                 self.error = str(exc)
                 return False
             self.snapshot = snap
-            self.error = None
+            self.error = self.refused = None
         log.info("key ring generation %d loaded (was %d)", ring.generation, old.ring.generation)
         return True
 
@@ -202,6 +218,59 @@ class RingState:
                 self._open(snap, aud)
             except MrtrKeysError:
                 pass
+
+
+def keep_current(core: Any, config: Any) -> None:
+    """Give the sidecar `core` (`SidecarCore`) its ring watcher, started by the app's lifespan, and,
+    when its audit sink has a store, its presence heartbeat (started now: the first beat is written
+    before the sidecar serves). `config` is the `ServiceConfig` (reload and heartbeat intervals,
+    instance name; with several workers each adds ``/PID`` to the name)."""
+    import os
+
+    from mrtr_keys.audit.presence import Loaded, instance_name, presence_for
+    from mrtr_keys.keystores.watch import ReloadFailed, RingWatcher
+
+    state: RingState = core.ring
+
+    def reload() -> bool:
+        switched = bool(core.reload_ring())
+        if state.error is not None:
+            raise ReloadFailed(state.error)
+        return switched
+
+    presence = None
+    store = getattr(getattr(core.audit, "sink", None), "store", None)
+    if store is not None:
+        name = instance_name(config.instance)
+        if config.workers > 1:
+            name = f"{name}/{os.getpid()}"
+        presence = presence_for(store, name=name, kind="sidecar", every=config.heartbeat_interval)
+    if config.reload_interval == 0:
+        log.warning(
+            "automatic key ring reload is off (reload_interval 0): serving generation %d until restarted or "
+            "SIGHUP; this instance holds back the rotation gates",
+            state.ring.generation,
+        )
+    watcher = RingWatcher(
+        state.keystore,
+        reload,
+        interval=config.reload_interval,
+        every_check=core.poll_registry,
+        on_switch=presence.beat if presence is not None else None,
+    )
+    core.watcher, core.presence = watcher, presence
+
+    def view() -> Loaded:
+        ring = state.ring
+        note = state.refused or (f"keystore: {state.error}" if state.error else None)
+        if note is None and watcher.error:
+            note = f"keystore: {watcher.error}"
+        if note is None and watcher.interval == 0:
+            note = "reload off"
+        return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
+
+    if presence is not None:
+        presence.add(view)
 
 
 def _unique(items: Iterable[str]) -> Iterator[str]:

@@ -9,7 +9,7 @@ from typing import Protocol
 from mrtr_keys.audit.chain import Record, event_values
 from mrtr_keys.audit.events import FIELDS
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this code writes; stores migrate older ones on open (see `SQL_MIGRATIONS`)."""
 
 FILTER_FIELDS = ("kid", "audience", "op", "outcome", "reason", "client", "instance", "fingerprint")
@@ -86,8 +86,39 @@ class AuditStore(Protocol):
         """(value of `by`, count) for records matching `q`, most frequent first."""
         ...
 
+    def put_instance(self, row: Sequence[object]) -> None:
+        """Insert or replace the presence row of one instance (values in `INSTANCE_COLUMNS` order,
+        keyed by ``name``; see `mrtr_keys.audit.presence`).
+
+        Raises:
+            AuditError: the store cannot be written.
+        """
+        ...
+
+    def instances(self) -> list[tuple[object, ...]]:
+        """Every presence row, in `INSTANCE_COLUMNS` order."""
+        ...
+
     def close(self) -> None: ...
 
+
+INSTANCE_COLUMNS = (
+    "name",
+    "host",
+    "pid",
+    "kind",
+    "codec",
+    "ring_id",
+    "generation",
+    "primary_kid",
+    "version",
+    "started",
+    "beat",
+    "every_s",
+    "state",
+    "note",
+)
+"""Columns of the presence table ``instances``: one row an instance name, replaced by every heartbeat."""
 
 SQL_COLUMNS = (*FIELDS, "writer", "seq", "prev_hash", "hash")
 """Stored columns: the event's `FIELDS`, then its place in its writer's hash chain."""
@@ -127,6 +158,25 @@ SQL_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP INDEX IF EXISTS audit_events_kid_time",
         "DROP INDEX IF EXISTS audit_events_op_time",
         "CREATE INDEX audit_events_op_kid_time ON audit_events (op, kid, time)",
+    ),
+    # v3: presence (`mrtr_keys.audit.presence`): one row an instance, replaced by each heartbeat.
+    3: (
+        """CREATE TABLE instances (
+            name TEXT PRIMARY KEY,
+            host TEXT,
+            pid BIGINT,
+            kind TEXT,
+            codec TEXT,
+            ring_id TEXT,
+            generation BIGINT,
+            primary_kid TEXT,
+            version TEXT,
+            started TEXT NOT NULL,
+            beat TEXT NOT NULL,
+            every_s DOUBLE PRECISION NOT NULL,
+            state TEXT NOT NULL,
+            note TEXT
+        )""",
     ),
 }
 """The one SQL schema (SQLite and PostgreSQL), as numbered migrations; ``schema_version`` holds the

@@ -5,7 +5,8 @@ format ``mrtr-keys audit export --format jsonl`` writes, so an export verifies l
 A batch is one ``write`` on an ``O_APPEND`` descriptor under an exclusive ``flock``, so
 processes appending at once never interleave lines. The file is created mode 0600. Queries
 scan the file (fine for what a shipper keeps locally; use SQLite or PostgreSQL to query a lot).
-The schema version is the first line's ``{"schema_version": N}``.
+The schema version is the first line's ``{"schema_version": N}``. Presence rows (one an instance,
+replaced by each heartbeat) live beside it in ``PATH.instances.json``, rewritten atomically.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS
-from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS, Query
+from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query
 from mrtr_keys.errors import AuditError, ConfigError
 
 
@@ -114,6 +115,43 @@ class JSONLStore:
                 key = getattr(r.event, by)
                 counts[key] = counts.get(key, 0) + 1
         return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] or ""))
+
+    @property
+    def _instances_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".instances.json")
+
+    def put_instance(self, row: Sequence[object]) -> None:
+        doc = dict(zip(INSTANCE_COLUMNS, row, strict=True))
+        path = self._instances_path
+        with self._lock:
+            try:
+                fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    rows = self._read_instances()
+                    rows[str(doc["name"])] = doc
+                    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                    tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(tfd, "w", encoding="utf-8") as f:
+                        json.dump(rows, f, separators=(",", ":"))
+                    os.replace(tmp, path)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise AuditError(f"cannot write to the audit store {path}: {exc.strerror}") from None
+
+    def _read_instances(self) -> dict[str, dict[str, object]]:
+        try:
+            doc = json.loads(self._instances_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise AuditError(f"cannot read the audit store {self._instances_path}: {exc}") from None
+        return doc if isinstance(doc, dict) else {}
+
+    def instances(self) -> list[tuple[object, ...]]:
+        rows = self._read_instances()
+        return [tuple(rows[k].get(c) for c in INSTANCE_COLUMNS) for k in sorted(rows)]
 
     def close(self) -> None:
         pass

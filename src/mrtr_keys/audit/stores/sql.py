@@ -10,7 +10,7 @@ from typing import Any
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS, AuditEvent
-from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS, SQL_MIGRATIONS, Query
+from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, SQL_MIGRATIONS, Query
 from mrtr_keys.errors import AuditError, ConfigError
 
 _SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events"  # noqa: S608 - fixed column names
@@ -217,6 +217,20 @@ class SQLStore:
         # `by` is one of STATS_KEYS (checked above); values are bound parameters.
         sql = f"SELECT {by}, COUNT(*) AS n FROM audit_events{where} GROUP BY {by} ORDER BY n DESC, {by}"  # noqa: S608
         return [(r[0], int(r[1])) for r in self._fetch(sql, args)]
+
+    def put_instance(self, row: Sequence[object]) -> None:
+        p = self.PARAM
+        cols = ", ".join(INSTANCE_COLUMNS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in INSTANCE_COLUMNS[1:])
+        values = ", ".join([p] * len(INSTANCE_COLUMNS))
+        sql = f"INSERT INTO instances ({cols}) VALUES ({values}) ON CONFLICT (name) DO UPDATE SET {updates}"  # noqa: S608 - fixed names
+        with self._transaction("write to") as cur:
+            self._begin(cur)
+            cur.execute(sql, tuple(row))
+
+    def instances(self) -> list[tuple[object, ...]]:
+        sql = f"SELECT {', '.join(INSTANCE_COLUMNS)} FROM instances ORDER BY name"  # noqa: S608 - fixed names
+        return [tuple(r) for r in self._fetch(sql, [])]
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,459 @@
+"""Presence: every instance says, in the audit store, which key ring generation it has loaded.
+
+An instance (a process serving tokens: an MCP server using a codec from
+`mrtr_keys.request_state_security`, or a sidecar) has a name: ``instance=`` / ``--instance`` /
+``MRTR_KEYS_INSTANCE``, default ``host:pid`` (in Kubernetes, the pod name through the downward
+API). It writes a heartbeat every `DEFAULT_HEARTBEAT` seconds into the audit store's presence table
+(`mrtr_keys.audit.stores.base.INSTANCE_COLUMNS`: generation loaded, primary kid, codec type, package
+version, ...), one row a name replaced each time; at once when it starts and whenever it loads a new
+generation; and a ``stopped`` row on a clean shutdown (SIGTERM, interpreter exit, or when every codec
+it reported on is gone).
+
+An instance is **live** while its last heartbeat is younger than `LIVE_INTERVALS` of its own
+intervals, **stale** after that (it crashed or cannot reach the store: it stops counting), and
+**stopped** at once after a clean shutdown. The rotation gates (`mrtr_keys.audit.gates`) and
+``mrtr-keys fleet status`` read this. Heartbeat times come from an injectable clock, so tests of
+liveness never sleep.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from mrtr_keys.audit.events import format_ts, parse_event_time
+from mrtr_keys.errors import AuditError, ConfigError
+
+if TYPE_CHECKING:
+    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.keystores.watch import RingWatcher
+
+log = logging.getLogger("mrtr_keys.presence")
+
+ENV_INSTANCE = "MRTR_KEYS_INSTANCE"
+DEFAULT_HEARTBEAT = 10.0
+"""Seconds between heartbeats."""
+LIVE_INTERVALS = 3
+"""An instance is live while its last heartbeat is younger than this many of its intervals."""
+LIVE, STALE, STOPPED = "live", "stale", "stopped"
+RUNNING = "running"
+CHANGE_POLL = 0.5
+"""Seconds between looks at what the sources have loaded (in memory; a change is written at once)."""
+STOP_TIMEOUT = 3.0
+"""Seconds a shutdown waits for the ``stopped`` row to be written."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}")
+
+
+def instance_name(name: str | None = None) -> str:
+    """The instance name: `name`, else ``MRTR_KEYS_INSTANCE``, else ``host:pid``.
+
+    Raises:
+        ConfigError: not 1-200 characters of letters, digits and ``. _ : @ / + -``.
+    """
+    value = name or os.environ.get(ENV_INSTANCE) or f"{socket.gethostname()}:{os.getpid()}"
+    if not _NAME.fullmatch(value):
+        raise ConfigError(
+            "an instance name is 1-200 characters of letters, digits and . _ : @ / + - (starting with a letter "
+            f"or digit), not {value[:40]!r}"
+        )
+    return value
+
+
+def check_heartbeat(value: object) -> float:
+    """`value` as a heartbeat interval in seconds.
+
+    Raises:
+        ConfigError: not a number from 0.05 to 3600.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (ok and 0.05 <= value <= 3600):  # type: ignore[operator]
+        raise ConfigError("the heartbeat interval must be a number of seconds from 0.05 to 3600")
+    return float(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one source (a codec, the sidecar's ring) has loaded."""
+
+    codec: str
+    ring_id: str
+    generation: int
+    primary_kid: str
+    note: str | None = None
+    """Why the loaded ring may be behind the keystore (reload off, keystore unreachable, a ring refused)."""
+
+
+Source = Callable[[], Loaded | None]
+"""Returns what is loaded now, or None once the source is gone (its codec was garbage collected)."""
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    """One presence row (times are event time strings, `mrtr_keys.audit.events.format_ts`)."""
+
+    name: str
+    host: str | None
+    pid: int | None
+    kind: str | None
+    codec: str | None
+    ring_id: str | None
+    generation: int | None
+    primary_kid: str | None
+    version: str | None
+    started: str
+    beat: str
+    every_s: float
+    state: str
+    note: str | None = None
+
+    @classmethod
+    def from_row(cls, row: tuple[object, ...]) -> InstanceRecord:
+        name, host, pid, kind, codec, ring_id, gen, kid, version, started, beat, every, state, note = row
+        return cls(
+            str(name),
+            None if host is None else str(host),
+            None if pid is None else int(pid),  # type: ignore[call-overload]
+            None if kind is None else str(kind),
+            None if codec is None else str(codec),
+            None if ring_id is None else str(ring_id),
+            None if gen is None else int(gen),  # type: ignore[call-overload]
+            None if kid is None else str(kid),
+            None if version is None else str(version),
+            str(started),
+            str(beat),
+            float(every),  # type: ignore[arg-type]
+            str(state),
+            None if note is None else str(note),
+        )
+
+    def row(self) -> tuple[object, ...]:
+        return (
+            self.name,
+            self.host,
+            self.pid,
+            self.kind,
+            self.codec,
+            self.ring_id,
+            self.generation,
+            self.primary_kid,
+            self.version,
+            self.started,
+            self.beat,
+            self.every_s,
+            self.state,
+            self.note,
+        )
+
+    def age(self, now: float) -> float:
+        """Seconds since the last heartbeat at POSIX time `now`."""
+        return now - parse_event_time(self.beat).timestamp()
+
+    def status(self, now: float) -> str:
+        """`LIVE`, `STALE` or `STOPPED` at POSIX time `now`."""
+        if self.state == STOPPED:
+            return STOPPED
+        return LIVE if self.age(now) < LIVE_INTERVALS * self.every_s else STALE
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        doc = dict(zip(_FIELDS, self.row(), strict=True))
+        doc["status"] = self.status(now)
+        doc["age_seconds"] = round(self.age(now), 3)
+        return doc
+
+
+_FIELDS = (
+    "name",
+    "host",
+    "pid",
+    "kind",
+    "codec",
+    "ring_id",
+    "generation",
+    "primary_kid",
+    "version",
+    "started",
+    "beat",
+    "every_s",
+    "state",
+    "note",
+)
+
+
+def read_instances(store: AuditStore) -> list[InstanceRecord]:
+    """Every presence row in `store`, by name.
+
+    Raises:
+        AuditError: the store cannot be read.
+    """
+    return [InstanceRecord.from_row(r) for r in store.instances()]
+
+
+class Presence:
+    """The heartbeat of one instance into one store (see the module docstring).
+
+    Args:
+        store: the audit store (`put_instance`).
+        name: the instance name (`instance_name`).
+        kind: ``library`` or ``sidecar``.
+        every: seconds between heartbeats.
+        clock: POSIX time source (tests inject one).
+    """
+
+    def __init__(
+        self,
+        store: AuditStore,
+        *,
+        name: str,
+        kind: str,
+        every: float = DEFAULT_HEARTBEAT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from mrtr_keys import __version__
+
+        self.store = store
+        self.name = name
+        self.kind = kind
+        self.every = check_heartbeat(every)
+        self._clock = clock
+        self._version = __version__
+        self._started = format_ts(clock())
+        self._sources: list[Source] = []
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stopped = False
+        self.beats = 0
+        self.error: str | None = None
+        self.last: InstanceRecord | None = None
+
+    def __repr__(self) -> str:
+        return f"Presence({self.name!r}, kind={self.kind!r}, every={self.every:g}, store={self.store.url!r})"
+
+    def add(self, source: Source) -> None:
+        """Report on `source` too, and beat now (synchronously), so the instance is visible before it serves."""
+        with self._lock:
+            self._sources.append(source)
+        self.beat()
+
+    def record(self) -> InstanceRecord | None:
+        """The row the next heartbeat writes; None when every source is gone."""
+        views: list[Loaded] = []
+        with self._lock:
+            alive: list[Source] = []
+            for source in self._sources:
+                view = source()
+                if view is not None:
+                    views.append(view)
+                    alive.append(source)
+            self._sources = alive
+        if not views:
+            return None
+        low = min(views, key=lambda v: v.generation)  # the gates care about the most lagging codec
+        notes = [v.note for v in views if v.note]
+        return InstanceRecord(
+            name=self.name,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            kind=self.kind,
+            codec=",".join(sorted({v.codec for v in views})),
+            ring_id=low.ring_id,
+            generation=low.generation,
+            primary_kid=low.primary_kid,
+            version=self._version,
+            started=self._started,
+            beat=format_ts(self._clock()),
+            every_s=self.every,
+            state=RUNNING,
+            note=notes[0][:200] if notes else None,
+        )
+
+    def beat(self) -> bool:
+        """Write one heartbeat now. False if it could not be written (logged once per message) or the
+        instance has stopped; when every source is gone, writes ``stopped`` instead."""
+        with self._lock:
+            if self.stopped:
+                return False
+            rec = self.record()
+            if rec is None:
+                if self._sources_were_added:
+                    self._write_stopped()
+                return False
+            return self._write(rec)
+
+    @property
+    def _sources_were_added(self) -> bool:
+        return self.last is not None
+
+    def _write(self, rec: InstanceRecord) -> bool:
+        try:
+            self.store.put_instance(rec.row())
+        except Exception as exc:  # AuditError, or a store closed under us: the next beat tries again
+            if not isinstance(exc, AuditError | OSError):
+                exc = AuditError(f"{type(exc).__name__}: {exc}")
+            if str(exc) != self.error:
+                log.warning("presence heartbeat not written (instance %s): %s", self.name, exc)
+            self.error = str(exc)
+            return False
+        if self.error is not None:
+            log.warning("presence heartbeat written again (instance %s)", self.name)
+        self.error = None
+        self.last = rec
+        self.beats += 1
+        return True
+
+    def _write_stopped(self) -> None:
+        self.stopped = True
+        self._wake.set()
+        last = self.last
+        if last is None:
+            return
+        self._write(replace(last, beat=format_ts(self._clock()), state=STOPPED))
+
+    def stop(self) -> None:
+        """Write the ``stopped`` row (once) and end the heartbeat thread."""
+        with self._lock:
+            if self.stopped:
+                return
+            rec = self.record()
+            if rec is not None:
+                self.last = rec
+            self._write_stopped()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STOP_TIMEOUT)
+
+    def start(self) -> Presence:
+        """Start the heartbeat thread (daemon). Returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"mrtr-keys-presence-{self.name}", daemon=True)
+            self._thread.start()
+            _install_shutdown_hooks()
+        return self
+
+    def _run(self) -> None:
+        # Wake often but write only every `every` seconds, or at once when what is loaded changed
+        # (a reload by the watcher, or a codec.reload() called by hand): the gates see it promptly.
+        next_beat = time.monotonic() + self.every
+        while not self.stopped:
+            self._wake.wait(min(self.every, CHANGE_POLL))
+            self._wake.clear()
+            if self.stopped:
+                return
+            try:
+                due = time.monotonic() >= next_beat or self._changed()
+                if due:
+                    self.beat()
+                    next_beat = time.monotonic() + self.every
+            except Exception:  # the heartbeat must survive anything; the next one tries again
+                log.exception("presence heartbeat failed")
+
+    def _changed(self) -> bool:
+        last = self.last
+        if last is None:
+            return True
+        now = self.record()
+        return now is None or (now.generation, now.primary_kid, now.note, now.ring_id) != (
+            last.generation,
+            last.primary_kid,
+            last.note,
+            last.ring_id,
+        )
+
+
+_presences: dict[tuple[str, str], Presence] = {}
+_registry_lock = threading.Lock()
+
+
+def presence_for(
+    store: AuditStore, *, name: str | None = None, kind: str = "library", every: float | None = None
+) -> Presence:
+    """This process's (started) `Presence` for `store` and instance `name` (made on first use).
+
+    Raises:
+        ConfigError: a bad name or interval.
+    """
+    resolved = instance_name(name)
+    interval = check_heartbeat(DEFAULT_HEARTBEAT if every is None else every)
+    key = (store.url, resolved)
+    with _registry_lock:
+        presence = _presences.get(key)
+        if presence is None or presence.stopped:
+            presence = _presences[key] = Presence(store, name=resolved, kind=kind, every=interval)
+            presence.start()
+        return presence
+
+
+def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
+    """A `Source` over a key-ring codec (held weakly) and its watcher (None: reload is off)."""
+    ref = weakref.ref(codec)
+
+    def view() -> Loaded | None:
+        target = ref()
+        if target is None:
+            return None
+        ring = target.ring
+        refused = getattr(target, "reload_refused", None)
+        if refused:
+            note: str | None = f"refused a ring: {refused}"
+        elif watcher is None:
+            note = "reload off"
+        elif watcher.error:
+            note = f"keystore: {watcher.error}"
+        else:
+            note = None
+        return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
+
+    return view
+
+
+def stop_all() -> None:
+    """Write ``stopped`` for every presence of this process (shutdown hooks call this)."""
+    for presence in list(_presences.values()):
+        try:
+            presence.stop()
+        except Exception:  # at shutdown: carry on with the others
+            log.exception("writing the stopped record")
+
+
+_hooks_installed = False
+_previous_sigterm: Any = None
+
+
+def _install_shutdown_hooks() -> None:
+    """``stopped`` at interpreter exit, and on SIGTERM (chained to the handler found, then the default)."""
+    global _hooks_installed, _previous_sigterm
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread; atexit still covers a clean exit
+    with contextlib.suppress(ValueError, OSError):
+        _previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Write from another thread (bounded): the main thread, interrupted here, may hold a store lock.
+    writer = threading.Thread(target=stop_all, name="mrtr-keys-presence-stop", daemon=True)
+    writer.start()
+    writer.join(STOP_TIMEOUT)
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+        return
+    if previous == signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.raise_signal(signal.SIGTERM)

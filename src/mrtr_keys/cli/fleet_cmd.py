@@ -1,0 +1,100 @@
+"""`mrtr-keys fleet status`: every instance of this key ring, from its presence heartbeats.
+
+One row an instance (name, codec, generation, primary kid, last heartbeat, live / stale / stopped),
+in 80 columns; ``--json`` gives every field (`mrtr_keys.audit.presence.InstanceRecord` plus
+``status`` and ``age_seconds``). Instances of other rings in the same store, and rows whose last
+heartbeat is older than ``--since`` (default 1h), are left out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+
+app = typer.Typer(help="The instances serving this key ring, as their heartbeats report them.", no_args_is_help=True)
+
+WIDTH = 80
+COLUMNS = (("generation", 5), ("primary", 8), ("heartbeat", 9), ("status", 7))
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s ago"
+    if s < 7200:
+        return f"{s // 60}m ago"
+    return f"{s // 3600}h ago"
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` in `width` characters; a longer one keeps its end (pod names differ at the end)."""
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
+@app.command("status")
+def status(
+    keystore_: KeystoreOpt = None,
+    since: Annotated[
+        str, typer.Option("--since", help="Leave out instances silent for longer: 1h, 15m, 2d or ISO 8601.")
+    ] = "1h",
+    json_: JsonOpt = False,
+) -> None:
+    """One row an instance: name, codec, generation, primary kid, last heartbeat, live / stale / stopped."""
+    from mrtr_keys.audit.events import parse_event_time, parse_when
+    from mrtr_keys.audit.presence import read_instances
+    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.cli.options import root_audit
+    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.errors import ConfigError
+
+    store = keystore(keystore_)
+    ring = store.load()
+    audit = existing_store(store, audit=root_audit())
+    if audit is None:
+        raise ConfigError("no audit store for this key ring (auditing off, or nothing recorded yet): no presence")
+    horizon = parse_event_time(parse_when(since)).timestamp()
+    now = time.time()
+    try:
+        rows = [
+            r
+            for r in read_instances(audit)
+            if r.ring_id == ring.ring_id and parse_event_time(r.beat).timestamp() >= horizon
+        ]
+    finally:
+        audit.close()
+    if json_:
+        print_json([r.to_json(now) for r in rows])
+        return
+    counts = {s: sum(r.status(now) == s for r in rows) for s in ("live", "stale", "stopped")}
+    print_line(
+        f"key ring {ring.ring_id} generation {ring.generation}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    )
+    codec_w = max([5, *(len(r.codec or "-") for r in rows)])
+    codec_w = min(codec_w, 13)
+    name_w = WIDTH - codec_w - sum(w for _, w in COLUMNS) - 2 * (len(COLUMNS) + 1)
+    widths = [name_w, codec_w, *(w for _, w in COLUMNS)]
+    header = ["instance", "codec", "gen", "primary", "heartbeat", "status"]
+    print_line(_row(header, widths))
+    notes = []
+    for r in rows:
+        cells = [
+            _fit(r.name, name_w),
+            _fit(r.codec or "-", codec_w),
+            str(r.generation if r.generation is not None else "-"),
+            _fit(r.primary_kid or "-", 8),
+            _ago(r.age(now)),
+            r.status(now),
+        ]
+        print_line(_row(cells, widths))
+        if r.note and r.status(now) != "stopped":
+            notes.append(f"  {r.name}: {r.note}")
+    for note in notes:
+        print_line(note)
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()

@@ -1,0 +1,85 @@
+"""The live progress line of ``rotate ... --wait``: instances ready N of M, the TTL countdown, time left.
+
+On a terminal it is one line redrawn in place (rich, on stderr, cleared at the end); in a pipeline's
+log it is a plain stderr line whenever what it waits for changes, and every `QUIET_SECONDS` otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.errors import MrtrKeysError
+    from mrtr_keys.keystores import Keystore
+
+QUIET_SECONDS = 15.0
+
+
+class WaitProgress:
+    """`update` is the ``on_wait`` of `mrtr_keys.ring.wait.run_step_waiting`."""
+
+    def __init__(self, keystore: Keystore, *, window: float | None = None) -> None:
+        from rich.console import Console
+
+        from mrtr_keys.audit.stores.url import existing_store
+        from mrtr_keys.cli.options import root_audit
+
+        self._keystore = keystore
+        self._window = window
+        self._store: AuditStore | None = existing_store(keystore, audit=root_audit())
+        self._console = Console(stderr=True)
+        self._live: Any = None
+        self._last_key: str | None = None
+        self._last_print = 0.0
+
+    def __enter__(self) -> WaitProgress:
+        if self._console.is_terminal:
+            from rich.live import Live
+
+            self._live = Live("", console=self._console, transient=True, auto_refresh=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(exc_type, exc, tb)
+        if self._store is not None:
+            self._store.close()
+
+    def line(self, step: str, refusal: MrtrKeysError, left: float) -> tuple[str, str]:
+        """(what it waits for, the countdown part) for one refused try."""
+        from mrtr_keys.audit.gates import SEALING, TTL, evaluate
+        from mrtr_keys.ring.model import utcnow
+
+        try:
+            report = evaluate(self._store, self._keystore.load(), utcnow(), window=self._window)
+        except Exception:  # the display must never end the wait; show the refusal instead
+            return f"waiting to {step}: {' '.join(str(refusal).split())[:160]}", f"{math.ceil(left)} s left"
+        parts = [f"waiting to {step}: instances ready {report.ready} of {len(report.live)}"]
+        lagging = [r.name for r in report.lagging]
+        if lagging:
+            parts[0] += f" (not yet: {', '.join(lagging[:5])}{', ...' if len(lagging) > 5 else ''})"
+        counts = [f"{w.what} {math.ceil(w.seconds)} s" for w in report.waits if w.seconds is not None]
+        parts += [w.what for w in report.waits if w.what in (TTL, SEALING)]
+        if not report.blocking() and not any(w.what == TTL for w in report.waits):
+            parts.append(type(refusal).__name__)  # the lock, or a lost race: tried again
+        return "; ".join(parts), "; ".join([*counts, f"{math.ceil(left)} s left"])
+
+    def update(self, step: str, refusal: MrtrKeysError, left: float) -> None:
+        what, countdown = self.line(step, refusal, left)
+        text = f"{what}; {countdown}"
+        if self._live is not None:
+            self._live.update(text, refresh=True)
+            return
+        now = time.monotonic()
+        if what != self._last_key or now - self._last_print >= QUIET_SECONDS:
+            self._last_key, self._last_print = what, now
+            sys.stderr.write(f"mrtr-keys: {text}\n")
+            sys.stderr.flush()
