@@ -62,20 +62,21 @@ def test_promote_refuses_while_a_live_instance_lacks_phase_1_then_allows(
 def test_promote_force_is_recorded_as_forced(tmp_path: Path) -> None:
     ring = tmp_path / "keyring.json"
     assert cli("init", keystore=ring).code == 0
-    _lagging(ring, "svc-b")
+    kept = _lagging(ring, "svc-b")
     assert cli("rotate", "begin", keystore=ring).code == 0
     assert cli("rotate", "next", keystore=ring).code == 75
     res = cli("rotate", "promote", "--force", "--json", keystore=ring)
     assert res.code == 0 and res.json()["forced"] is True
     events = cli("audit", "query", "--op", "promote", "--json", keystore=ring).json()
     assert [(e["op"], e["reason"], e["generation"]) for e in events] == [("promote", "forced", 3)]
+    assert kept.ring.generation == 1  # held back all along
 
 
 def test_a_narrowed_window_that_lets_a_step_pass_is_recorded_as_forced(tmp_path: Path) -> None:
     """Issue 11: `--window 10` used to be recorded with reason None; an override is an override."""
     ring = tmp_path / "keyring.json"
     assert cli("init", keystore=ring).code == 0
-    _lagging(ring, "svc-c")
+    kept = _lagging(ring, "svc-c")
     assert cli("rotate", "begin", keystore=ring).code == 0
     assert cli("rotate", "promote", "--window", "600", keystore=ring).code == 75  # wider: still counted
     res = cli("rotate", "promote", "--window", "0", "--json", keystore=ring)
@@ -83,6 +84,7 @@ def test_a_narrowed_window_that_lets_a_step_pass_is_recorded_as_forced(tmp_path:
     assert res.json()["forced"] is True and "--window 0 left out instance(s)" in res.json()["message"]
     events = cli("audit", "query", "--op", "promote", "--json", keystore=ring).json()
     assert [(e["reason"], e["generation"]) for e in events] == [("forced", 3)]
+    assert kept.ring.generation == 1
 
 
 def test_retire_refuses_while_a_live_instance_lacks_phase_2(tmp_path: Path) -> None:
