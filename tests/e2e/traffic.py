@@ -34,7 +34,7 @@ class Traffic:
     """Instance name -> sidecar base URL."""
     secret: str
     audience: str = "provisioner"
-    hold: float = 0.5
+    hold: float = 0.3
     up_mcp: set[str] = field(default_factory=set)
     up_sidecars: set[str] = field(default_factory=set)
     rounds: int = 0
@@ -47,6 +47,7 @@ class Traffic:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _busy: dict[str, int] = field(default_factory=dict)
     _thread: threading.Thread | None = None
+    _requeue: list[tuple[float, str, str, object]] = field(default_factory=list)
 
     def start(self) -> Traffic:
         self._thread = threading.Thread(target=lambda: anyio.run(self._run), name="fleet-traffic", daemon=True)
@@ -114,13 +115,17 @@ class Traffic:
             for turn in itertools.count():
                 if self._stop.is_set():
                     break
-                await self._first_rounds(turn, pending, http, headers)
                 while pending and pending[0][0] <= time.monotonic():
                     _, kind, sealer, token = pending.popleft()
                     await self._second_round(turn, kind, sealer, token, http, headers)
+                pending.extend(self._requeue)
+                self._requeue.clear()
+                await self._first_rounds(turn, pending, http, headers)
                 await anyio.sleep(0.01)
             for _, kind, sealer, token in pending:  # finish what is in flight
                 await self._second_round(0, kind, sealer, token, http, headers)
+            for _, kind, sealer, _token in self._requeue:
+                self._fail(f"no other {kind} instance up for a token sealed by {sealer}")
         finally:
             await http.aclose()
 
@@ -160,8 +165,8 @@ class Traffic:
     ) -> None:
         pool = self.up_mcp if kind == "mcp" else self.up_sidecars
         y = self._pick(pool, turn, avoid=sealer)
-        if y is None:
-            self._fail(f"no other {kind} instance up for a token sealed by {sealer}")
+        if y is None:  # the other one is restarting: keep the token in flight a little longer
+            self._requeue.append((time.monotonic() + 0.2, kind, sealer, token))
             return
         self._enter(y)
         try:
