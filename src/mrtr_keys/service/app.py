@@ -129,12 +129,11 @@ def create_app(
     auth = ClientAuth(registry_path(store.directory, config.clients))
     ring.prepare(auth.registry.audiences())
     core = SidecarCore(ring, auth, config, audit=audit)
-    keep_current(core, config)
+    keeper = keep_current(core, config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if core.watcher is not None:
-            core.watcher.start()
+        await anyio.to_thread.run_sync(keeper.start)  # first heartbeat, then the ring watcher
         loop = asyncio.get_running_loop()
         hup = False
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
@@ -146,10 +145,7 @@ def create_app(
             if hup:
                 with contextlib.suppress(Exception):
                     loop.remove_signal_handler(signal.SIGHUP)
-            if core.watcher is not None:
-                await anyio.to_thread.run_sync(core.watcher.stop)
-            if core.presence is not None:
-                await anyio.to_thread.run_sync(core.presence.stop)
+            await anyio.to_thread.run_sync(keeper.stop)
             if core.replay is not None:
                 core.replay.close()
             flush = getattr(audit, "flush", None)  # uvicorn re-raises SIGTERM after shutdown: no atexit

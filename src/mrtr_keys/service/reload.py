@@ -220,57 +220,76 @@ class RingState:
                 pass
 
 
-def keep_current(core: Any, config: Any) -> None:
-    """Give the sidecar `core` (`SidecarCore`) its ring watcher, started by the app's lifespan, and,
-    when its audit sink has a store, its presence heartbeat (started now: the first beat is written
-    before the sidecar serves). `config` is the `ServiceConfig` (reload and heartbeat intervals,
-    instance name; with several workers each adds ``/PID`` to the name)."""
-    import os
+class Keeper:
+    """Keeps the sidecar current: its ring watcher and its presence heartbeat (see `keep_current`)."""
 
-    from mrtr_keys.audit.presence import Loaded, instance_name, presence_for
-    from mrtr_keys.keystores.watch import ReloadFailed, RingWatcher
+    def __init__(self, core: Any, config: Any) -> None:
+        from mrtr_keys.keystores.watch import ReloadFailed, RingWatcher
 
-    state: RingState = core.ring
+        self._core, self._config = core, config
+        state: RingState = core.ring
 
-    def reload() -> bool:
-        switched = bool(core.reload_ring())
-        if state.error is not None:
-            raise ReloadFailed(state.error)
-        return switched
+        def reload() -> bool:
+            switched = bool(core.reload_ring())
+            if state.error is not None:
+                raise ReloadFailed(state.error)
+            return switched
 
-    presence = None
-    store = getattr(getattr(core.audit, "sink", None), "store", None)
-    if store is not None:
-        name = instance_name(config.instance)
-        if config.workers > 1:
-            name = f"{name}/{os.getpid()}"
-        presence = presence_for(store, name=name, kind="sidecar", every=config.heartbeat_interval)
-    if config.reload_interval == 0:
-        log.warning(
-            "automatic key ring reload is off (reload_interval 0): serving generation %d until restarted or "
-            "SIGHUP; this instance holds back the rotation gates",
-            state.ring.generation,
+        self.watcher = RingWatcher(
+            state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry
         )
-    watcher = RingWatcher(
-        state.keystore,
-        reload,
-        interval=config.reload_interval,
-        every_check=core.poll_registry,
-        on_switch=presence.beat if presence is not None else None,
-    )
-    core.watcher, core.presence = watcher, presence
+        core.watcher = self.watcher
 
-    def view() -> Loaded:
-        ring = state.ring
-        note = state.refused or (f"keystore: {state.error}" if state.error else None)
-        if note is None and watcher.error:
-            note = f"keystore: {watcher.error}"
-        if note is None and watcher.interval == 0:
-            note = "reload off"
-        return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
+    def start(self) -> None:
+        """Write the first heartbeat (when the audit sink has a store) and start the watcher: the app's
+        lifespan calls this before serving. Not at construction, so a process that only checks the
+        configuration (``serve --workers N`` before forking) never shows up as an instance."""
+        import os
 
-    if presence is not None:
-        presence.add(view)
+        from mrtr_keys.audit.presence import Loaded, instance_name, presence_for
+
+        core, config, watcher = self._core, self._config, self.watcher
+        state: RingState = core.ring
+        store = getattr(getattr(core.audit, "sink", None), "store", None)
+        if config.reload_interval == 0:
+            log.warning(
+                "automatic key ring reload is off (reload_interval 0): serving generation %d until restarted or "
+                "SIGHUP; this instance holds back the rotation gates",
+                state.ring.generation,
+            )
+        if store is not None:
+            name = instance_name(config.instance)
+            if config.workers > 1:
+                name = f"{name}/{os.getpid()}"
+            presence = presence_for(store, name=name, kind="sidecar", every=config.heartbeat_interval)
+
+            def view() -> Loaded:
+                ring = state.ring
+                note = state.refused or (f"keystore: {state.error}" if state.error else None)
+                if note is None and watcher.error:
+                    note = f"keystore: {watcher.error}"
+                if note is None and watcher.interval == 0:
+                    note = "reload off"
+                return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
+
+            presence.add(view)
+            watcher.on_switch = presence.beat
+            core.presence = presence
+        watcher.start()
+
+    def stop(self) -> None:
+        """Stop the watcher and write ``stopped`` (the app's lifespan calls this at shutdown)."""
+        self.watcher.stop()
+        if self._core.presence is not None:
+            self._core.presence.stop()
+
+
+def keep_current(core: Any, config: Any) -> Keeper:
+    """The `Keeper` of the sidecar `core` (`SidecarCore`): its ring watcher (the one every library codec
+    uses; `core.watcher`, so SIGHUP can wake it) and, once started, its presence heartbeat. `config` is
+    the `ServiceConfig` (reload and heartbeat intervals, instance name; with several workers each adds
+    ``/PID`` to the name)."""
+    return Keeper(core, config)
 
 
 def _unique(items: Iterable[str]) -> Iterator[str]:
