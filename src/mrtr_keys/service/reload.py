@@ -235,8 +235,14 @@ class Keeper:
                 raise ReloadFailed(state.error)
             return switched
 
+        def on_error(message: str | None) -> None:  # the keystore's outage shows in /readyz and metrics
+            if message is not None and message != state.error:
+                core.metrics.reloads.labels("failed").inc()
+            state.error = message
+            core.metrics.stale.set(1 if message or state.refused else 0)
+
         self.watcher = RingWatcher(
-            state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry
+            state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry, on_error=on_error
         )
         core.watcher = self.watcher
 
