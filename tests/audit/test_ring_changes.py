@@ -51,7 +51,7 @@ def test_without_a_listener_a_change_is_saved_and_not_recorded(tmp_path: Path) -
 
 
 def test_rotation_gate_for_reads_the_rings_audit_store(tmp_path: Path) -> None:
-    """No audit.db yet: no gate (only the time gate). Once an instance is recorded on generation 1,
+    """No audit.db yet: no gate (only the time gate). Once an instance is present on generation 1,
     promote after begin is refused until it loads generation 2."""
     path = tmp_path / "keyring.json"
     store = FileKeystore(path)
@@ -60,13 +60,13 @@ def test_rotation_gate_for_reads_the_rings_audit_store(tmp_path: Path) -> None:
     assert rotation_gate_for(store, audit="off") is None
     from mrtr_keys import request_state_security
 
-    sec = request_state_security(path, audience="svc")  # records ring-loaded generation 1
+    sec = request_state_security(path, audience="svc", reload_every=0)  # presence: generation 1
     run_step(store, "begin", listeners=[change_listener()])
     gate = rotation_gate_for(store)
     assert gate is not None
     with pytest.raises(NotYet, match="have not loaded generation 2"):
         gate("promote", store.load(), utcnow())
-    assert sec.codec.reload()
+    assert sec.codec.reload() and sec.codec.presence.beat()  # the heartbeat its thread writes within 0.5 s
     gate("promote", store.load(), utcnow())
 
 
