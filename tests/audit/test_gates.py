@@ -73,7 +73,7 @@ def test_promote_force_is_recorded_as_forced(tmp_path: Path) -> None:
 
 
 def test_a_narrowed_window_that_lets_a_step_pass_is_recorded_as_forced(tmp_path: Path) -> None:
-    """Issue 11: `--window 10` used to be recorded with reason None; an override is an override."""
+    """A narrowed window that lets a step through is an override like --force: recorded as forced."""
     ring = tmp_path / "keyring.json"
     assert cli("init", keystore=ring).code == 0
     kept = _lagging(ring, "svc-c")
@@ -133,7 +133,7 @@ def test_retire_refuses_while_the_old_kid_seals_within_ttl(
 
 
 def test_a_stopped_instance_does_not_hold_promote(tmp_path: Path) -> None:
-    """Issue 11: after a clean restart, promote is not held by the names of processes that are gone."""
+    """After a clean restart, promote is not held by the names of processes that are gone."""
     ring = tmp_path / "keyring.json"
     assert cli("init", keystore=ring).code == 0
     codec = _lagging(ring, "svc-f")

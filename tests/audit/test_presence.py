@@ -1,4 +1,4 @@
-"""Presence (issue 11 item 2): named instances write heartbeats into the audit store; live while the last one is
+"""Presence: named instances write heartbeats into the audit store; live while the last one is
 younger than 3 intervals, stale after, stopped at once on a clean shutdown. Clocks are injected: no sleeping."""
 
 from __future__ import annotations

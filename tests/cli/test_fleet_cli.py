@@ -1,4 +1,4 @@
-"""`rotate ... --wait`, `rotate status`, `fleet status` and `rotate restore` (issue 11 items 1, 3, 4)."""
+"""`rotate ... --wait`, `rotate status`, `fleet status` and `rotate restore`."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_fleet_status_without_an_audit_store_is_one_line_exit_2(keystore: FileKe
 
 
 def test_restore_writes_a_backup_back_under_a_new_generation(tmp_path: Path) -> None:
-    """Issue 11: instances refuse a lower generation put back by hand; `rotate restore` is the explicit way."""
+    """Instances refuse a lower generation put back by hand; `rotate restore` is the explicit way."""
     ring = tmp_path / "keyring.json"
     assert cli("init", keystore=ring).code == 0
     backup = tmp_path / "backup.json"

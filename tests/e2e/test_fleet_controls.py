@@ -1,4 +1,4 @@
-"""Fleet controls (issue 11, Tests): the gates can fail, a restarted fleet does not hold them, and a ring that
+"""Fleet controls: the gates can fail, a restarted fleet does not hold them, and a ring that
 goes back (lower generation, another ring_id) is refused under traffic.
 
 Real processes: example MCP servers (`mrtr_keys.request_state_security`) and sidecars, sharing one key ring

@@ -1,4 +1,4 @@
-"""A fleet rotates under traffic with nothing rejected (issue 11, "Fleet under traffic").
+"""A fleet rotates under traffic with nothing rejected.
 
 Six real processes share one key ring (TTL 10 s, so a loaded machine does not expire rounds) and one
 PostgreSQL audit store: four MCP servers built with `mrtr_keys.request_state_security` and its default

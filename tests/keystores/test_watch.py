@@ -1,4 +1,4 @@
-"""The ring watcher (issue 11 item 1): a cheap revision check every interval, a full read only when the ring
+"""The ring watcher: a cheap revision check every interval, a full read only when the ring
 changed, errors kept and recovered from, a stop, and one implementation for codecs and the sidecar."""
 
 from __future__ import annotations
