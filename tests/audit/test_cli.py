@@ -89,18 +89,18 @@ def test_verify_exit_codes_and_checkpoint(filled: Path, tmp_path: Path) -> None:
     assert cp.code == 0 and cp.json()["heads"][0]["seq"] == 6
     db = sqlite3.connect(filled.parent / "audit.db")
     with db:
+        db.execute("UPDATE audit_events SET kid = 'cccccccc' WHERE seq = 2")
+    res = cli("audit", "verify", "--json", keystore=filled)
+    assert res.code == 1
+    # the 6 events were written as one batch: an edit shows at the batch's first record
+    assert res.json()["first_break"]["kind"] == "altered" and res.json()["first_break"]["seq"] == 1
+    assert res.json()["first_break"]["time"] == "2026-07-28T10:00:00.000000Z"
+    with db:
+        db.execute("UPDATE audit_events SET kid = 'aaaaaaaa' WHERE seq = 2")  # undone: intact again
         db.execute("DELETE FROM audit_events WHERE seq = 6")  # cut the tail
     db.close()
     res = cli("audit", "verify", "--checkpoints", str(tmp_path / "cp.jsonl"), keystore=filled)
     assert res.code == 1 and "BROKEN: truncated" in res.out
-    db = sqlite3.connect(filled.parent / "audit.db")
-    with db:
-        db.execute("UPDATE audit_events SET kid = 'cccccccc' WHERE seq = 2")
-    db.close()
-    res = cli("audit", "verify", "--json", keystore=filled)
-    assert res.code == 1
-    assert res.json()["first_break"]["kind"] == "altered" and res.json()["first_break"]["seq"] == 2
-    assert res.json()["first_break"]["time"] == "2026-07-28T10:00:01.000000Z"
 
 
 def test_fingerprint_and_token_query(keystore_path: Path) -> None:

@@ -1,4 +1,8 @@
-"""`verify` finds a deleted, an edited and a reordered record (SQLite, PostgreSQL, JSONL), and a cut tail."""
+"""`verify` finds a deleted, an edited, an inserted and a reordered record (SQLite, PostgreSQL, JSONL), and a cut tail.
+
+The writer links each batch (one transaction) once: an edit shows at the first record of its batch;
+a deletion, insertion or move shows at the record whose seq reveals it.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,12 @@ def _pg_exec(url: str, *sql: str) -> None:
 TAMPER = {
     "deleted": ("DELETE FROM audit_events WHERE seq = 3",),
     "altered": ("UPDATE audit_events SET reason = 'innocent' WHERE seq = 3",),
+    "inserted": (
+        "INSERT INTO audit_events (time, instance, client, audience, kid, op, outcome, reason, fingerprint,"
+        " generation, duration_ms, writer, seq, prev_hash, hash)"
+        " SELECT time, instance, client, audience, kid, op, outcome, 'forged', fingerprint, generation,"
+        " duration_ms, writer, seq, prev_hash, hash FROM audit_events WHERE seq = 3",
+    ),
     "reordered": (
         "UPDATE audit_events SET id = id + 1000 WHERE seq = 3",
         "UPDATE audit_events SET id = id - 1 WHERE seq = 4",
@@ -52,21 +62,22 @@ def _check(url: str, kind: str, execute: Callable[..., None], make_sink: Callabl
     assert not report.ok
     first = report.first
     assert first is not None and first.kind == kind
-    # reported by position (storage order) and time: the break shows at the 3rd row
-    # (4th for a deletion, whose successor reveals the gap)
-    want_seq = 4 if kind == "deleted" else (4 if kind == "reordered" else 3)
+    # reported by position (storage order) and time: an edit at the first record of its batch (the 6
+    # events are one batch), a deletion or a move at the 4th (whose seq reveals it), an insertion at
+    # the forged copy of seq 3 (stored last)
+    want_seq = {"deleted": 4, "reordered": 4, "altered": 1, "inserted": 3}[kind]
     assert first.seq == want_seq
     assert first.time == known_events(6)[want_seq - 1].time
     assert first.position > 0
     store.close()
 
 
-@pytest.mark.parametrize("kind", ["deleted", "altered", "reordered"])
+@pytest.mark.parametrize("kind", ["deleted", "altered", "inserted", "reordered"])
 def test_sqlite_verify_detects(kind: str, tmp_path: Path, make_sink: Callable[..., AuditSink]) -> None:
     _check(f"sqlite://{tmp_path}/audit.db", kind, _sqlite_exec, make_sink)
 
 
-@pytest.mark.parametrize("kind", ["deleted", "altered", "reordered"])
+@pytest.mark.parametrize("kind", ["deleted", "altered", "inserted", "reordered"])
 def test_postgres_verify_detects(kind: str, postgres_url: str, make_sink: Callable[..., AuditSink]) -> None:
     _check(postgres_url, kind, _pg_exec, make_sink)
 
@@ -85,10 +96,14 @@ def test_a_cut_tail_is_invisible_to_the_chain_but_caught_by_a_checkpoint(
     tmp_path: Path, make_sink: Callable[..., AuditSink]
 ) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
-    insert(make_sink(url), known_events(6))
+    sink = make_sink(url)
+    insert(sink, known_events(6)[:4])
+    insert(sink, known_events(6)[4:])  # a second batch: seq 5 and 6
     store = open_store(url)
     cp = make_checkpoint(store.records(), store_url=store.url, now=0.0)
-    _sqlite_exec(url, "DELETE FROM audit_events WHERE seq >= 5")
+    _sqlite_exec(url, "DELETE FROM audit_events WHERE seq = 6")  # part of a batch: the chain shows it
+    assert verify(store.records()).first.kind == "truncated"  # type: ignore[union-attr]
+    _sqlite_exec(url, "DELETE FROM audit_events WHERE seq >= 5")  # whole batches: it cannot
     assert verify(store.records()).ok  # documented limit of a chain alone
     report = verify(store.records(), [json.loads(json.dumps(cp))])
     assert report.first is not None and report.first.kind == "truncated"

@@ -1,16 +1,22 @@
-"""Tamper evidence: each writer's records form a hash chain; `verify` walks them; checkpoints pin heads.
+"""Tamper evidence: each writer's records form a hash chain of batches; `verify` walks them; checkpoints pin heads.
 
-Every record carries ``writer`` (one chain per writing process and store), ``seq`` (1, 2, 3, ...
-within that writer), ``prev_hash`` (the previous record's ``hash``; 64 zeros for the first) and
-``hash`` = SHA-256 over ``prev_hash`` and the canonical JSON of the writer, seq and every event
-field. Walking a store in its storage order (row id, or line order for JSONL) then shows:
+Every record carries ``writer`` (one chain per writing process and store) and ``seq`` (1, 2, 3, ...
+within that writer). The writer links each committed batch (one store transaction) once: the
+batch's last record carries ``prev_hash`` (the previous batch's ``hash``; 64 zeros for the first)
+and ``hash`` = SHA-256 over ``prev_hash`` and the ``repr`` of the batch's rows in order (every
+event field, ``writer`` and ``seq`` of each, with empty ``prev_hash``/``hash``); the batch's other
+records carry empty ``prev_hash`` and ``hash``. (Records written before batch chaining carry a
+link each, a batch of one hashed as `record_hash`; `verify` reads both.) Walking a store in its
+storage order (row id, or line order for JSONL) then shows:
 
-* altered: a record's fields no longer give its ``hash``;
+* altered: a batch's records no longer give its ``hash`` (reported at the batch's first record);
 * deleted: a writer's ``seq`` skips numbers;
 * reordered: a ``seq`` arrives early and the skipped ones turn up later;
-* inserted: a record repeats an earlier ``seq`` or does not link to its predecessor.
+* inserted: a record repeats an earlier ``seq``, or a batch does not link to its predecessor;
+* truncated: a writer's records end without their batch's hash (the end of a batch deleted, or
+  records appended).
 
-What a chain alone cannot show: a cut-off tail (the newest records of a writer deleted, or a
+What a chain alone cannot show: a cut-off tail (the newest batches of a writer deleted, or a
 whole writer's records removed), or a chain rewritten end to end by someone who can recompute
 it. The remedy is a checkpoint (`make_checkpoint`, ``mrtr-keys audit checkpoint``): the head
 (last seq and hash) of every chain, written to a place the store's writers cannot rewrite (a
@@ -99,16 +105,32 @@ def event_values(event: AuditEvent) -> tuple[object, ...]:
 
 
 def hash_values(prev_hash: str, writer: str, seq: int, values: tuple[object, ...]) -> str:
-    """`record_hash` over values already in `FIELDS` order (the writer's fast path)."""
+    """`record_hash` over values already in `FIELDS` order."""
     return hashlib.sha256((prev_hash + repr((writer, seq, *values))).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class ChainWriter:
-    """Links events into one writer's chain; thread-safe (a lock around seq and head).
+def batch_hash(prev_hash: str, rows: list[tuple[object, ...]]) -> str:
+    """SHA-256 (hex) of `prev_hash` + ``repr(rows)``: one batch's link. `rows` are in SQL column
+    order (`FIELDS`, writer, seq, prev_hash, hash) with empty ``prev_hash`` and ``hash``; `repr`
+    of a list of tuples of str/int/float/None is unambiguous and one C call for the batch."""
+    return hashlib.sha256((prev_hash + repr(rows)).encode("utf-8", "surrogatepass")).hexdigest()
 
-    `link` must be followed by a successful store append before the next `link`, or the chain
-    has a gap: `rollback` restores the head when an append fails.
+
+def _unlinked_row(r: Record) -> tuple[object, ...]:
+    return (*event_values(r.event), r.writer, r.seq, "", "")
+
+
+class ChainWriter:
+    """Links batches of events into one writer's chain; thread-safe (a lock around seq and head).
+
+    `link_values` must be followed by a successful store append before the next link, or the
+    chain has a gap: `rollback` restores the head when an append fails.
     """
+
+    @property
+    def seq(self) -> int:
+        """The last seq linked (the next batch starts at ``seq + 1``)."""
+        return self._seq
 
     def __init__(self, writer: str) -> None:
         self.writer = writer
@@ -122,7 +144,8 @@ class ChainWriter:
         return self._lock
 
     def link(self, events: Iterable[AuditEvent]) -> list[Record]:
-        """Chain `events` after the current head (call with `lock` held)."""
+        """Chain `events` one link per record, as writers did before batch chaining (kept so that
+        stores written then, and tests of them, verify; call with `lock` held)."""
         out: list[Record] = []
         seq, head = self._seq, self._head
         for ev in events:
@@ -134,18 +157,25 @@ class ChainWriter:
         self._seq, self._head = seq, head
         return out
 
-    def link_values(self, rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
-        """Like `link` for value tuples in `FIELDS` order; returns them extended with
-        (writer, seq, prev_hash, hash), the SQL column order (call with `lock` held)."""
-        out: list[tuple[object, ...]] = []
-        seq, head, writer = self._seq, self._head, self.writer
-        for values in rows:
-            seq += 1
-            h = hash_values(head, writer, seq, values)
-            out.append((*values, writer, seq, head, h))
-            head = h
+    def link_values(self, values: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+        """Chain one batch of value tuples in `FIELDS` order; returns them as rows in SQL column
+        order (values, writer, seq, prev_hash, hash), the last one carrying the batch's link
+        (call with `lock` held)."""
+        writer = self.writer
+        return self.link_rows([(*v, writer, seq, "", "") for seq, v in enumerate(values, self._seq + 1)])
+
+    def link_rows(self, rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+        """Chain one batch of rows already in SQL column order, numbered from ``seq + 1`` with
+        empty ``prev_hash`` and ``hash`` (the writer process builds them so); returns them with
+        the last row's link filled in (call with `lock` held)."""
+        if not rows:
+            return rows
+        head = self._head
+        h = batch_hash(head, rows)
+        out = rows.copy()  # `rows` stays unlinked, to be linked again after a `rollback`
+        out[-1] = (*rows[-1][:-2], head, h)
         self._saved = (self._seq, self._head)
-        self._seq, self._head = seq, head
+        self._seq, self._head = self._seq + len(rows), h
         return out
 
     def rollback(self) -> None:
@@ -211,6 +241,8 @@ class _Walk:
     seen: set[int] = field(default_factory=set)
     hashes: dict[int, str] = field(default_factory=dict)
     broken: bool = False
+    batch: list[Record] = field(default_factory=list)
+    """Records of the batch being read (until the one that carries its hash)."""
 
 
 def verify(records: Iterable[Record], checkpoints: Iterable[dict[str, Any]] = ()) -> VerifyReport:
@@ -228,17 +260,34 @@ def verify(records: Iterable[Record], checkpoints: Iterable[dict[str, Any]] = ()
     walks: dict[str, _Walk] = {}
     for r in recs:
         w = walks.setdefault(r.writer, _Walk())
-        w.hashes.setdefault(r.seq, r.hash)
+        if r.hash:
+            w.hashes.setdefault(r.seq, r.hash)
         if w.broken:
             continue
         problem = _check(r, w, later[r.writer])
+        if problem is None:
+            w.seen.add(r.seq)
+            w.expected = r.seq + 1
+            w.batch.append(r)
+            if r.hash:  # the batch's last record: check its link
+                problem, at = _check_batch(w.batch, w.head), w.batch[0]
+                w.batch = []
+                w.head = r.hash
+        else:
+            at = r
         if problem is not None:
             kind, detail = problem
-            report.breaks.append(Break(kind, r.writer, r.position, r.seq, r.event.time, detail))
+            report.breaks.append(Break(kind, r.writer, at.position, at.seq, at.event.time, detail))
             w.broken = True
-            continue
-        w.seen.add(r.seq)
-        w.expected, w.head = r.seq + 1, r.hash
+    for writer, w in walks.items():
+        if w.batch and not w.broken:
+            first, end = w.batch[0], w.batch[-1]
+            detail = (
+                f"records seq {first.seq}..{end.seq} end without their batch's hash: its last records "
+                "were deleted, or these were added"
+            )
+            report.breaks.append(Break("truncated", writer, first.position, first.seq, first.event.time, detail))
+            w.broken = True
     report.chains = len(walks)
     for doc in checkpoints:
         for head in doc.get("heads", []):
@@ -275,11 +324,8 @@ def verify(records: Iterable[Record], checkpoints: Iterable[dict[str, Any]] = ()
 
 
 def _check(r: Record, w: _Walk, all_seqs: set[int]) -> tuple[str, str] | None:
-    if record_hash(r.prev_hash, r.writer, r.seq, r.event) != r.hash:
-        return "altered", f"record seq {r.seq}: its fields do not match its hash"
+    """The sequence checks of one record (its place in its writer's numbering)."""
     if r.seq == w.expected:
-        if r.prev_hash != w.head:
-            return "inserted", f"record seq {r.seq} does not link to the record before it"
         return None
     if r.seq < w.expected:
         if r.seq in w.seen:
@@ -291,6 +337,18 @@ def _check(r: Record, w: _Walk, all_seqs: set[int]) -> tuple[str, str] | None:
     if len(missing) == 1:
         return "deleted", f"record seq {w.expected} is missing (before seq {r.seq})"
     return "deleted", f"records seq {w.expected}..{r.seq - 1} are missing (before seq {r.seq})"
+
+
+def _check_batch(batch: list[Record], head: str) -> tuple[str, str] | None:
+    """The link of one batch (its last record carries it): content, then the link to `head`."""
+    last = batch[-1]
+    legacy = len(batch) == 1 and record_hash(last.prev_hash, last.writer, last.seq, last.event) == last.hash
+    if not legacy and batch_hash(last.prev_hash, [_unlinked_row(r) for r in batch]) != last.hash:
+        span = f"seq {batch[0].seq}..{last.seq}" if len(batch) > 1 else f"seq {last.seq}"
+        return "altered", f"records {span}: their fields do not match their batch's hash"
+    if last.prev_hash != head:
+        return "inserted", f"the batch ending at seq {last.seq} does not link to the batch before it"
+    return None
 
 
 def heads(records: Iterable[Record]) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 An item is the raw material of one event: the token itself rather than its fingerprint, and the
 POSIX time rather than its text. The writer (a thread, or the writer process,
-`mrtr_keys.audit.writer.child`) turns items into event values with `item_values`, the one place
+`mrtr_keys.audit.writer.child`) turns items into store rows with `item_rows`, the one place
 that fingerprints and formats them. This module imports only the standard library, so the writer
 process loads it in microseconds.
 
@@ -59,16 +59,22 @@ def to_columns(items: list[AuditItem]) -> tuple[tuple[Any, ...], ...]:
     return tuple(zip(*items, strict=True))
 
 
-def item_values(
-    rows: Any, instance: str, fingerprinter: Any, cache: dict[str, str] | None = None
+def item_values(rows: Any, instance: str, fingerprinter: Any) -> list[tuple[object, ...]]:
+    """Items -> event value tuples in `mrtr_keys.audit.events.FIELDS` order (see `item_rows`)."""
+    return [r[:11] for r in item_rows(rows, instance, fingerprinter, None, "", 1)]
+
+
+def item_rows(
+    rows: Any, instance: str, fingerprinter: Any, cache: dict[str, str] | None, writer: str, seq: int
 ) -> list[tuple[object, ...]]:
-    """Items (any iterable of 10-tuples in `AuditItem` field order) -> event value tuples in
-    `mrtr_keys.audit.events.FIELDS` order, fingerprinting the tokens.
+    """Items (any iterable of 10-tuples in `AuditItem` field order) -> store rows in SQL column
+    order (`FIELDS`, then `writer`, seq numbered from `seq`, and empty ``prev_hash`` and ``hash``
+    for `mrtr_keys.audit.chain.ChainWriter.link_rows` to fill in), fingerprinting the tokens.
 
     `cache` (token -> fingerprint, for tokens a codec minted or accepted) saves the second HMAC
     when a batch holds both the seal and the unseal of one token; the caller bounds its size.
     Times are formatted as `mrtr_keys.audit.events.format_ts` does, the date and time of day
-    once per second of events.
+    once per second of events. One loop, one tuple per event: this is the writer's hot path.
     """
     fp_ok = fingerprinter.fingerprint_canonical
     fp_any = fingerprinter.fingerprint
@@ -105,6 +111,11 @@ def item_values(
                 fp,
                 generation,
                 None if dur is None else round(float(dur), 3),
+                writer,
+                seq,
+                "",
+                "",
             )
         )
+        seq += 1
     return out

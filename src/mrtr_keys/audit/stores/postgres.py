@@ -8,12 +8,15 @@ the ``postgres`` extra (``pip install 'mrtr-keys[postgres]'``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
+from mrtr_keys.audit.stores.base import SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.errors import AuditError, ConfigError
 
+_COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
 _MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations
 
 
@@ -47,6 +50,16 @@ class PostgresStore(SQLStore):
             return self._psycopg.connect(self._dsn, connect_timeout=10)
         except self._psycopg.Error as exc:
             raise AuditError(f"cannot connect to the audit store {self.url}: {exc}") from None
+
+    def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
+        """Store `rows` in one transaction with ``COPY ... FROM STDIN`` (binary framing by psycopg;
+        far cheaper per row than ``INSERT``)."""
+        if not rows:
+            return
+        with self._transaction("write to") as cur, cur.copy(_COPY) as copy:
+            write = copy.write_row
+            for row in rows:
+                write(row)
 
     def _broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)

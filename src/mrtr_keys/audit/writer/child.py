@@ -119,7 +119,7 @@ def main() -> int:
 
     from mrtr_keys.audit.chain import ChainWriter
     from mrtr_keys.audit.fingerprint import Fingerprinter
-    from mrtr_keys.audit.items import item_values
+    from mrtr_keys.audit.items import item_rows
     from mrtr_keys.audit.stores.url import open_store
 
     fingerprinter = Fingerprinter(key)
@@ -144,13 +144,14 @@ def main() -> int:
             n += len(columns[0])
         if len(cache) > MAX_FINGERPRINT_CACHE:  # bounded memory: ~4k tokens of at most 64 KiB chars
             cache.clear()
-        values = item_values(chain.from_iterable(zip(*c, strict=True) for c in batch), instance, fingerprinter, cache)
+        items = chain.from_iterable(zip(*c, strict=True) for c in batch)
+        values = item_rows(items, instance, fingerprinter, cache, writer, links.seq + 1)
         delay, failing_since = RETRY_MIN, 0.0
         while True:
             try:
                 if store is None:
                     store = open_store(url)
-                rows = links.link_values(values)
+                rows = links.link_rows(values)
                 try:
                     store.append_rows(rows)
                 except BaseException:
