@@ -73,6 +73,10 @@ class SidecarAudit:
         """False while the store cannot be written (``/readyz`` then fails)."""
         return self.sink.healthy
 
+    def status(self) -> dict[str, object]:
+        """The sink's state for ``/readyz`` (`AuditSink.status`)."""
+        return self.sink.status()
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Write everything queued (the sidecar calls this at shutdown)."""
         return self.sink.flush(timeout)

@@ -216,6 +216,21 @@ class AuditSink:
         return self._direct.failures + self._child_failures
 
     @property
+    def slowed(self) -> int:
+        """Callers made to wait at the queue's high-water mark."""
+        return self.queue.slowed
+
+    def status(self) -> dict[str, object]:
+        """``healthy``, ``queued``, ``dropped``, ``slowed`` and ``error`` (the sidecar's /readyz shows it)."""
+        return {
+            "healthy": self.healthy,
+            "queued": self.queued,
+            "dropped": self.dropped,
+            "slowed": self.slowed,
+            "error": self.last_error,
+        }
+
+    @property
     def congested(self) -> bool:
         """True while the queue is past its high-water mark (strict callers refuse then)."""
         return self.queue.congested

@@ -127,6 +127,9 @@ class RingLifecycle:
         doc: dict[str, Any] = {"ready": ok, "generation": ring.generation, "reload_error": stale}
         if not ok:
             doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
+        audit_status = getattr(self.audit, "status", None)
+        if audit_status is not None:
+            doc["audit"] = audit_status()
         audit_ready = getattr(self.audit, "ready", None)
         if ok and audit_ready is not None and not audit_ready():
             ok = False

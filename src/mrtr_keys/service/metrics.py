@@ -12,8 +12,10 @@
 * ``mrtr_sidecar_ring_phase``: rotation phase of the loaded ring (0 idle, 1 begun, 2 promoted);
   ``mrtr_sidecar_ring_loaded_timestamp_seconds``: when this process switched to that generation;
   ``mrtr_sidecar_build_info{version}``: 1.
-* ``mrtr_sidecar_audit_queued``, ``mrtr_sidecar_audit_dropped_total``: audit events waiting for the
-  writer and events dropped because its queue was full (read at scrape time; absent with audit off).
+* ``mrtr_sidecar_audit_queued``, ``mrtr_sidecar_audit_dropped_total``, ``mrtr_sidecar_audit_slowed_total``:
+  audit events waiting for the writer, events dropped (queue at its bound with the writer stalled, or
+  lost with a writer process), and callers made to wait for the writer (read at scrape time; absent
+  with audit off).
   A growing ``queued`` means the writer is behind: the queue is bounded in events (see docs/audit.md),
   and its high-water mark is most of the sidecar's resident memory beyond the baseline.
 
@@ -116,6 +118,13 @@ class _AuditCollector(Collector):
         if isinstance(dropped, int):
             yield CounterMetricFamily(
                 "mrtr_sidecar_audit_dropped", "Audit events dropped (queue full or writer gone).", value=dropped
+            )
+        slowed = getattr(self._sink, "slowed", None)
+        if isinstance(slowed, int):
+            yield CounterMetricFamily(
+                "mrtr_sidecar_audit_slowed",
+                "Requests made to wait for the audit writer (queue past its high-water mark).",
+                value=slowed,
             )
 
 
