@@ -1,4 +1,11 @@
-"""Part 4: the in-process codec with its audit log on vs off (default SQLite store beside the ring).
+"""Part 4: the audit log's cost: in-process codec on vs off, the writer's throughput, the sidecar on vs off.
+
+Rows: the in-process codec (below); the writer process's events/s against the store's own limit
+(`bench.audit_writer`); the sidecar (one worker each, wrk, interleaved) with the audit log on (its
+default SQLite store) vs off (``MRTR_KEYS_AUDIT=off``), seal c=16 req/s and seal batch(100) c=16
+items/s, with the events the audited one dropped (from its ``/metrics``).
+
+In-process codec:
 
 Both codecs come from `mrtr_keys.request_state_security(ring, audience=..., audit=...)`, one
 with ``audit=False`` and one with the default store. The audit-on sample includes
@@ -19,6 +26,7 @@ from bench.services import AUDIENCE, Services, module_available
 from bench.timing import interleaved, median, paired_ratio
 
 PART = "audit"
+TARGET = "<= 2.0x"
 
 
 def _sink(codec: Any) -> Any:
@@ -33,7 +41,7 @@ def _sink(codec: Any) -> Any:
 def run(services: Services, settings: Settings) -> list[Row]:
     name = "local seal+unseal, audit on"
     if not module_available("mrtr_keys.audit.observer"):
-        return [Row.missing(PART, name, "n/a (not built): mrtr_keys.audit", target="<= 1.1x")]
+        return [Row.missing(PART, name, "n/a (not built): mrtr_keys.audit", target=TARGET)]
     from mrtr_keys import request_state_security
     from mrtr_keys.keystores.file import FileKeystore
     from mrtr_keys.ring.create import create_ring
@@ -46,7 +54,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     on = request_state_security(ring, audience=AUDIENCE, audit=None).codec
     sink = _sink(on)
     if sink is None:
-        return [Row.missing(PART, name, "n/a: audit on, but no audit sink found on the codec", target="<= 1.1x")]
+        return [Row.missing(PART, name, "n/a: audit on, but no audit sink found on the codec", target=TARGET)]
     payload = envelope_payload()
     dropped0, written0 = sink.dropped, sink.written
 
@@ -82,7 +90,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     row.note = (
         f"wall time incl. flush; {written:,} events written, {dropped} dropped; store {sink.store.url.split(':')[0]}"
     )
-    row.decide(row.ratio, "<= 1.1x")
+    row.decide(row.ratio, TARGET)
     if dropped:
         row.status = "MISS"
         row.note += " (events dropped: not a valid comparison)"
@@ -92,4 +100,65 @@ def run(services: Services, settings: Settings) -> list[Row]:
     queued.spread, queued.anchor = spread_of(r["queue only"]), "audit off"
     queued.ratio = paired_ratio(r["queue only"], r["audit off"])
     queued.note = "the caller's time while the writer runs concurrently; its backlog flushed untimed after"
-    return [base, row, queued]
+    from bench import audit_writer
+
+    out = [base, row, queued, *audit_writer.run(services.workdir, settings)]
+    return out + _sidecar_rows(services, settings)
+
+
+def _sidecar_rows(services: Services, settings: Settings) -> list[Row]:
+    import base64
+    import re
+    import urllib.request
+
+    from bench.sidecar_load import BATCH, Scenario, _ab, _note, ensure_wrk, lua_script, start_sidecar
+
+    names = {"seal c=16": ">= 0.9x", f"seal batch({BATCH}) c=16": ">= 0.8x"}
+    wrk = ensure_wrk()
+    if wrk is None:
+        why = "n/a: wrk not installed"
+        return [Row.missing(PART, f"sidecar {k}, audit on", why, target=v) for k, v in names.items()]
+    on = start_sidecar(services, workers=1, name="audit-on-sidecar")
+    off = start_sidecar(services, workers=1, name="audit-off-sidecar", env={"MRTR_KEYS_AUDIT": "off"})
+    payload = base64.urlsafe_b64encode(envelope_payload()).rstrip(b"=").decode()
+    one = {"audience": AUDIENCE, "payload": payload}
+    d = services.workdir
+    rows: list[Row] = []
+    for label, path, body, items in (
+        ("seal c=16", "/v1/seal", one, 1),
+        (f"seal batch({BATCH}) c=16", "/v1/seal/batch", {"items": [one] * BATCH}, BATCH),
+    ):
+        scen = {
+            side: Scenario(
+                f"sidecar {label}, audit {side}",
+                s.url + path,
+                lua_script(d, f"audit-{side}-{items}", body, {"Authorization": f"Bearer {s.secret}"}),
+                16,
+                items,
+            )
+            for side, s in (("on", on), ("off", off))
+        }
+        r_on, r_off = _ab(wrk, scen["on"], scen["off"], settings)
+        unit = "items/s" if items > 1 else "req/s"
+        a = [r.rps * items for r in r_on]
+        b = [r.rps * items for r in r_off]
+        base = Row(PART, scen["off"].name, unit, median(b), spread_of(b), note=_note(r_off), samples=b)
+        row = Row(PART, scen["on"].name, unit, median(a), spread_of(a), base.name, paired_ratio(a, b))
+        row.samples = a
+        with urllib.request.urlopen(on.url + "/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        m = re.search(r"^mrtr_sidecar_audit_dropped_total (\S+)$", metrics, re.M)
+        slowed = re.search(r"^mrtr_sidecar_audit_slowed_total (\S+)$", metrics, re.M)
+        dropped = float(m.group(1)) if m else float("nan")
+        row.note = (
+            f"{_note(r_on)}; audit events dropped so far {dropped:,.0f}, callers slowed "
+            f"{float(slowed.group(1)) if slowed else float('nan'):,.0f}; 1 worker each"
+        )
+        row.decide(row.ratio, names[label])
+        if dropped != 0:
+            row.status = "MISS"
+        if any(r.errors for r in r_on + r_off):
+            row.status = "MISS"
+            row.note += " (non-2xx or socket errors: numbers not valid)"
+        rows += [base, row]
+    return rows

@@ -75,9 +75,15 @@ def ensure_wrk() -> str | None:
 
 
 def start_sidecar(
-    services: Services, *, workers: int = SIDECAR_WORKERS, name: str = "sidecar", extra: Sequence[str] = ()
+    services: Services,
+    *,
+    workers: int = SIDECAR_WORKERS,
+    name: str = "sidecar",
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Sidecar:
-    """A local ring, a bench client, and ``mrtr-keys serve`` on a free port (stopped by `services.close()`)."""
+    """A local ring, a bench client, and ``mrtr-keys serve`` on a free port (stopped by `services.close()`);
+    `env` adds to its environment (``MRTR_KEYS_AUDIT=off``, say)."""
     from mrtr_keys.keystores.file import FileKeystore
     from mrtr_keys.ring.create import create_ring
 
@@ -87,7 +93,11 @@ def start_sidecar(
     create_ring(FileKeystore(ring))
     secret = add_client_cli(ring, "bench", AUDIENCE)
     service = start_sidecar_process(
-        ring, workdir=home, args=["--workers", str(workers), "--reload-interval", "60", *extra], ready_path="/readyz"
+        ring,
+        workdir=home,
+        args=["--workers", str(workers), "--reload-interval", "60", *extra],
+        env=env,
+        ready_path="/readyz",
     )
     services.track(service.proc)
     return Sidecar(service.url, secret, service.proc.pid)
