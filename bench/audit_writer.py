@@ -4,7 +4,7 @@ Subject: a process-mode `AuditSink` over a fresh store; 100,000 items (seal and 
 tokens, the shape a sidecar queues) are queued, then `flush()` waits until the writer process has
 fingerprinted, chained and committed every one. Anchor: the same rows, already built (fingerprints
 included), written by a bare loop with no hashing: ``executemany`` of one ``INSERT`` into SQLite
-(transactions of 5,000 rows), ``COPY ... FROM STDIN`` into PostgreSQL (same transactions), into a
+(transactions as large as the writer's), ``COPY ... FROM STDIN`` into PostgreSQL (same transactions), into a
 fresh table of the same schema. Wall time, interleaved rounds; the ratio is subject/anchor rate.
 """
 
@@ -23,7 +23,8 @@ from bench.timing import median, paired_ratio
 
 PART = "audit"
 PG_ADMIN = os.environ.get("MRTR_KEYS_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-TX = 5_000
+TX = 2_000
+"""Rows per transaction of the bare loops: the writer's own `MAX_TX_EVENTS`."""
 
 
 def _items(n: int, directory: Path) -> list[Any]:

@@ -25,7 +25,7 @@ logger = logging.getLogger("mrtr_keys.audit")
 
 DEFAULT_CAPACITY = 50_000
 """Events the queue holds at most (its hard bound; the high-water mark is half of it)."""
-DEFAULT_MAX_BYTES = 32 << 20
+DEFAULT_MAX_BYTES = 16 << 20
 """Bytes the queue holds at most (`item_bytes` summed; the high-water mark is half of it)."""
 DEFAULT_MAX_WAIT = 2.0
 """Seconds a caller waits at the high-water mark for a working writer before dropping is allowed."""

@@ -37,12 +37,12 @@ from typing import Any
 
 PROTOCOL = 2
 HEADER = struct.Struct("<I")
-MAX_TX_EVENTS = 5_000
+MAX_TX_EVENTS = 2_000
 """Most events per store transaction (queued batches are merged up to this)."""
 MAX_FINGERPRINT_CACHE = 4_096
 """Tokens whose fingerprint is kept for the matching unseal (a seal and its unseal in one batch)."""
 READ_CHUNK = 1 << 20
-MAX_BUFFERED = 4 << 20
+MAX_BUFFERED = 1 << 20
 """Bytes read ahead from the pipe before the child stops to write."""
 ORPHAN_GIVE_UP = 30.0
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
