@@ -22,18 +22,17 @@ Each batch is held back for one cycle before it is written, so that a rejection 
 reports just after our codec unsealed a token (`mrtr_keys.audit.sdk_capture`) turns that
 ``unseal ok`` into one ``unseal rejected`` event with the SDK's reason, instead of two events.
 Synchronous writes (`write_now`, `ring_loaded`) happen in the caller's process, on the sink's
-own chain.
+own chain. Every sink is closed at interpreter exit and renewed in a forked child
+(`mrtr_keys.audit.live`).
 """
 
 from __future__ import annotations
 
-import atexit
+import functools
 import itertools
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -41,6 +40,8 @@ from mrtr_keys.audit.direct import DirectWriter
 from mrtr_keys.audit.events import OK, AuditEvent, instance_id
 from mrtr_keys.audit.fingerprint import Fingerprinter
 from mrtr_keys.audit.items import AuditItem, item_values, to_columns
+from mrtr_keys.audit.live import close_all
+from mrtr_keys.audit.live import sinks as live
 from mrtr_keys.audit.queue import DEFAULT_CAPACITY, DEFAULT_MAX_BYTES, DEFAULT_MAX_WAIT, AuditQueue
 from mrtr_keys.audit.stores.base import AuditStore
 from mrtr_keys.audit.writer.parent import ProcessWriter
@@ -62,12 +63,8 @@ IDLE_INTERVAL = 0.5
 """Seconds between wake-ups while nothing is queued (an idle sink costs almost nothing)."""
 PROCESS_IDLE_INTERVAL = 0.05
 """The same for a process-mode shipper: a burst after an idle spell reaches the writer within 50 ms."""
-RETRY_MIN, RETRY_MAX = 0.05, 2.0
-"""Backoff (seconds) between retries of unrecorded synchronous events (store probes)."""
 
 _writer_ids = itertools.count(1)
-live: weakref.WeakSet[AuditSink] = weakref.WeakSet()
-"""Every sink of this process (closed at exit, restarted after a fork: `mrtr_keys.audit.registry`)."""
 
 
 class AuditSink:
@@ -108,8 +105,8 @@ class AuditSink:
             raise ValueError("batch must be >= 1, interval > 0")
         self.store = store
         self.mode: Mode = mode
-        self._bounds = (capacity, max_bytes, max_wait)
-        AuditQueue(capacity=capacity, max_bytes=max_bytes, max_wait=max_wait, healthy=bool, wake=_nothing, where="")
+        self._new_queue = functools.partial(AuditQueue, capacity=capacity, max_bytes=max_bytes, max_wait=max_wait)
+        self._new_queue(healthy=bool, wake=_nothing, where="")  # refuses bad bounds now
         self.batch = batch
         self.interval = interval
         self._url = url or store.url
@@ -120,15 +117,7 @@ class AuditSink:
 
     def _start(self) -> None:
         self._wake = threading.Event()
-        capacity, max_bytes, max_wait = self._bounds
-        self.queue = q = AuditQueue(
-            capacity=capacity,
-            max_bytes=max_bytes,
-            max_wait=max_wait,
-            healthy=lambda: self.healthy,
-            wake=self._wake.set,
-            where=self.store.url,
-        )
+        self.queue = q = self._new_queue(healthy=lambda: self.healthy, wake=self._wake.set, where=self.store.url)
         self.submit = q.submit
         """Queue one `AuditItem` (`AuditQueue.submit`: slowed past the high-water mark; never raises)."""
         self.retract = q.retract
@@ -136,10 +125,6 @@ class AuditSink:
         Applied by the background thread before the item leaves this process (items are held one
         cycle for this); if it already left, the rejection is recorded as an event of its own."""
         self._direct = DirectWriter(self.store, f"{instance_id()}#{next(_writer_ids)}")
-        self._child_written = 0
-        self._child_failures = 0
-        self._retry_delay = RETRY_MIN
-        self._count_lock = threading.Lock()
         self._cond = threading.Condition()
         self._flush_requested = 0
         self._flush_done = 0
@@ -147,17 +132,8 @@ class AuditSink:
         self._closed = False
         self._held: list[AuditItem] = []
         self._retry: list[tuple[object, ...]] = []
-        self._writer_error: str | None = None
         self._process = (
-            ProcessWriter(
-                self._url,
-                self._fp.key_bytes(),
-                instance=instance_id(),
-                writer=self._direct.chain.writer,
-                on_ack=self._child_ack,
-                on_error=self._child_error,
-                on_lost=self._lose,
-            )
+            ProcessWriter(self._url, self._fp.key_bytes(), instance_id(), self.writer, q.drop, self.store.url)
             if self.mode == "process"
             else None
         )
@@ -198,22 +174,22 @@ class AuditSink:
     @property
     def last_error(self) -> str | None:
         """Why the store cannot be written now (None while it can)."""
-        return self._direct.error or self._writer_error
+        return self._direct.error or (self._process.error if self._process is not None else None)
 
     @property
     def healthy(self) -> bool:
         """False while the last write to the store failed, or after the writer process died
         (until a new one has stored a batch)."""
-        return self._direct.error is None and self._writer_error is None and not self._closed
+        return self.last_error is None and not self._closed
 
     @property
     def written(self) -> int:
         """Events stored (acknowledged by the writer process, or written here)."""
-        return self._direct.written + self._child_written
+        return self._direct.written + (self._process.written if self._process is not None else 0)
 
     @property
     def write_failures(self) -> int:
-        return self._direct.failures + self._child_failures
+        return self._direct.failures + (self._process.failures if self._process is not None else 0)
 
     @property
     def slowed(self) -> int:
@@ -393,24 +369,6 @@ class AuditSink:
             self._retry = values
             self._log_failure()
 
-    # -- process-mode callbacks ---------------------------------------------------------------------
-
-    def _child_ack(self, n: int) -> None:
-        with self._count_lock:
-            self._child_written += n
-        self._writer_error = None
-
-    def _child_error(self, message: str | None) -> None:
-        first = self._writer_error != message
-        self._writer_error = message
-        if message is not None:
-            self._child_failures += 1
-            if first:
-                self._log_failure()
-
-    def _lose(self, n: int, why: str) -> None:
-        self.queue.drop(n, why)
-
     def _log_failure(self) -> None:
         logger.warning("audit store write failed (%s); retrying, %d events held", self.last_error, self.queue.n)
 
@@ -435,22 +393,4 @@ def _nothing() -> None:
     pass
 
 
-def close_all() -> None:
-    """Flush and close every sink of this process (registered with `atexit`)."""
-    for sink in list(live):
-        try:
-            sink.close(timeout=5.0)
-        except Exception:  # at exit: log and carry on closing the others
-            logger.exception("closing audit sink")
-
-
-def _after_fork() -> None:
-    for sink in list(live):
-        if not sink._closed:
-            sink.after_fork_in_child()
-
-
-atexit.register(close_all)
-os.register_at_fork(after_in_child=_after_fork)
-
-__all__ = ["AuditItem", "AuditSink", "close_all"]
+__all__ = ["AuditItem", "AuditSink", "close_all", "live"]

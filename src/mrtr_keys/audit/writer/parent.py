@@ -13,6 +13,7 @@ Batches shipped but not yet acknowledged when the child dies are reported to `on
 from __future__ import annotations
 
 import contextlib
+import logging
 import marshal
 import os
 import subprocess
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.audit.writer.child import HEADER, PROTOCOL
+
+logger = logging.getLogger("mrtr_keys.audit")
 
 MODULE = "mrtr_keys.audit.writer.child"
 PIPE_BYTES = 1 << 20
@@ -256,35 +259,42 @@ class ChildWriter:
 
 class ProcessWriter:
     """The sink's side of process mode: ships item batches to a `ChildWriter`, starting one when
-    there is none or the last one died (a new child is a new chain: ``WRITER/pN``).
+    there is none or the last one died (a new child is a new chain: ``WRITER/pN``), and keeps its
+    counts: `written` (events stored), `failures` and `error` (the store cannot be written now).
 
     Args:
         url: the store URL the child opens (may carry a password; sent through the pipe only).
         key: the audit key. `instance`: the events' ``instance``. `writer`: the sink's chain id.
-        on_ack(n): n events stored. on_error(message or None): the store cannot be written
-            (None: the child is writing again). on_lost(n, message): n events will never be
-            stored (the child died with them, or none could be started).
+        lose(n, why): n events will never be stored (the child died with them, or none could be
+            started). `where`: the store, for log lines (password removed).
     """
 
     def __init__(
-        self,
-        url: str,
-        key: bytes,
-        *,
-        instance: str,
-        writer: str,
-        on_ack: Callable[[int], None],
-        on_error: Callable[[str | None], None],
-        on_lost: Callable[[int, str], None],
+        self, url: str, key: bytes, instance: str, writer: str, lose: Callable[[int, str], None], where: str
     ) -> None:
         self._url, self._key, self._instance, self._writer = url, key, instance, writer
-        self._on_ack, self._on_error, self._on_lost = on_ack, on_error, on_lost
+        self._lose, self._where = lose, where
         self.child: ChildWriter | None = None
         self.started = 0
         """Writer processes started (more than 1 means one died and was replaced)."""
         self.shipped_all = True
         """False when the last batch could not be handed to a child (flush() then fails)."""
         self.closing = False
+        self.written = 0
+        self.failures = 0
+        self.error: str | None = None
+        self._lock = threading.Lock()
+
+    def _acked(self, n: int) -> None:
+        with self._lock:
+            self.written += n
+        self.error = None
+
+    def _failed(self, message: str) -> None:
+        first, self.error = self.error != message, message
+        self.failures += 1
+        if first:
+            logger.warning("audit store write failed (%s); the writer process retries (store %s)", message, self._where)
 
     @property
     def pid(self) -> int | None:
@@ -300,14 +310,14 @@ class ProcessWriter:
                 child = self.child = self._spawn()
             except Exception as exc:  # cannot start a writer: the batch is lost, and said so
                 message = f"cannot start the audit writer process: {exc}"
-                self._on_error(message)
-                self._on_lost(n, message)
+                self._failed(message)
+                self._lose(n, message)
                 self.shipped_all = False
                 return
         try:
             child.send(columns, n)
         except OSError:  # died since the check; _exited counts what it had, this batch is ours
-            self._on_lost(n, "the audit writer process has exited")
+            self._lose(n, "the audit writer process has exited")
             self.shipped_all = False
             return
         self.shipped_all = True
@@ -320,19 +330,16 @@ class ProcessWriter:
             instance=self._instance,
             writer=f"{self._writer}/p{self.started}",
             on_ack=self._acked,
-            on_error=self._on_error,
+            on_error=self._failed,
             on_exit=self._exited,
         )
-
-    def _acked(self, n: int) -> None:
-        self._on_ack(n)
 
     def _exited(self, lost: int, message: str) -> None:
         if self.closing and not lost:
             return  # close(): the child ended because we closed its pipe
-        self._on_error(f"{message}; {lost} events lost" if lost else message)
+        self._failed(f"{message}; {lost} events lost" if lost else message)
         if lost:
-            self._on_lost(lost, message)
+            self._lose(lost, message)
 
     def wait_acked(self, timeout: float) -> bool:
         """True once everything shipped so far is stored (False on timeout, death or store error)."""
