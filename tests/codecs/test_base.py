@@ -25,6 +25,7 @@ from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
 from mrtr_keys.ring.rotation import run_step
 from mrtr_keys.service.reload import RingState
+from tests.fixtures.sdk_keys import new_sdk_key, sdk_ring
 
 CODECS = ["local", "vault-remote", "vault-datakey"]
 
@@ -123,13 +124,17 @@ def test_remote_per_token_decides_where_the_sidecar_runs_a_codec(
     assert SidecarCodec.remote_per_token is True
 
 
-@pytest.mark.parametrize("kind", CODECS)
+@pytest.mark.parametrize("kind", [*CODECS, "local-sdk"])
 @pytest.mark.parametrize("token", [None, b"mk1.AAAA", 12])
 def test_a_non_string_token_is_rejected_and_never_handed_to_the_observer(
     kind: str, token: object, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     path = tmp_path / "keyring.json"
-    create_ring(FileKeystore(path), codec=_spec(kind, request))
+    if kind == "local-sdk":  # a ring adopted from the MCP SDK's keys=[KEY] (its own v1. tokens)
+        sdk_ring(path, new_sdk_key())
+        kind = "local"
+    else:
+        create_ring(FileKeystore(path), codec=_spec(kind, request))
     loads = Loads()
     codec = _open(kind, path, loads)
     with pytest.raises(InvalidRequestState):

@@ -74,12 +74,13 @@ def reject(reason: str) -> NoReturn:
     raise InvalidRequestState(reason)
 
 
-def rejected(observer: CodecObserver | None, raw_kid: bytes | None, token: object, reason: str) -> NoReturn:
-    """The one way every codec refuses a token: tell `observer` (kid as hex, the token text, or
-    ``""`` when the caller passed something that is not a `str`), then `reject` with `reason`."""
+def rejected(observer: CodecObserver | None, kid: bytes | str | None, token: object, reason: str) -> NoReturn:
+    """The one way every codec refuses a token: tell `observer` (the kid as hex, from its 4 raw bytes
+    or already as text; the token text, or ``""`` when the caller passed something that is not a
+    `str`), then `reject` with `reason`."""
     if observer is not None:
         text = token if type(token) is str else ""
-        observer.rejected(raw_kid.hex() if raw_kid is not None else None, text, reason)
+        observer.rejected(kid.hex() if isinstance(kid, bytes) else kid, text, reason)
     reject(reason)
 
 

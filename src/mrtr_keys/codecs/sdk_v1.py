@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES, NONCE_BYTES, TAG_BYTES, AESGCMTokenCore, reject
+from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES, NONCE_BYTES, TAG_BYTES, AESGCMTokenCore, rejected
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as MK1_PREFIX
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import KeyRingError, MrtrKeysError
@@ -154,7 +154,7 @@ class SDKTokenCore:
         try:
             raw_kid, _ = unpack(prefix, token, min_body=NONCE_BYTES + TAG_BYTES)  # type: ignore[arg-type]
         except MalformedToken as exc:
-            self._rejected(None, token if type(token) is str else "", str(exc))
+            self._rejected(None, token, str(exc))
         return raw_kid.hex()
 
     def refuse(self, kid: str, token: str) -> NoReturn:
@@ -163,10 +163,8 @@ class SDKTokenCore:
             self._rejected(kid, token, "retired kid")
         self._rejected(kid, token, "other format" if kid in self._known else "unknown kid")
 
-    def _rejected(self, kid: str | None, token: str, reason: str) -> NoReturn:
-        if self._observer is not None:
-            self._observer.rejected(kid, token, reason)
-        reject(reason)
+    def _rejected(self, kid: str | None, token: object, reason: str) -> NoReturn:
+        rejected(self._observer, kid, token, reason)
 
 
 class FormatDispatch:
