@@ -1,4 +1,4 @@
-"""Audit writer throughput (issue 15): events/s through the writer process vs the store's own limit.
+"""Audit writer throughput: events/s through the writer process vs the store's own limit.
 
 Subject: a process-mode `AuditSink` over a fresh store; 100,000 items (seal and unseal of real
 tokens, the shape a sidecar queues) are queued, then `flush()` waits until the writer process has

@@ -1,4 +1,4 @@
-"""A store slowed on purpose: the sidecar slows or refuses its callers, and never drops an event silently (issue 15).
+"""A store slowed on purpose: the sidecar slows or refuses its callers, and never drops an event silently.
 
 The store is SQLite; another connection holds its write lock, so the writer process waits for it (it
 has not failed, it is only slow). With 4 KB tokens the queue, the pipe to the writer and the writer's
