@@ -36,3 +36,16 @@ def test_audit_query_filters_and_times_are_checked(keystore_path: Path, tmp_path
     one_line(run_cli("audit", "query", "--outcome", "maybe", keystore=keystore_path), 2, "--outcome must be")
     target = tmp_path / "missing" / "x.jsonl"
     one_line(run_cli("audit", "export", "-o", str(target), keystore=keystore_path), 2, "cannot write")
+
+
+def test_a_nul_byte_in_a_keystore_or_audit_url_is_one_line_not_an_internal_error(keystore_path: Path) -> None:
+    """``%00`` decodes to a byte no file name can hold: a one-line refusal, exit 2, not ``ValueError``."""
+    one_line(run_cli("keys", "list", "--keystore", f"file://{keystore_path}%00"), 2, "keystore location cannot contain")
+    for url in ("sqlite:///tmp/a%00b.db", "jsonl:///tmp/a%00b.jsonl"):
+        one_line(run_cli("audit", "query", "--audit", url, keystore=keystore_path), 2, "audit store URL cannot contain")
+
+
+def test_an_unknown_audit_store_url_is_refused_without_its_password(keystore_path: Path) -> None:
+    r = run_cli("audit", "query", "--audit", "redis://:S3cretPW@127.0.0.1:6379/0", keystore=keystore_path)
+    one_line(r, 2, "unknown audit store 'redis://:***@127.0.0.1:6379/0'")
+    assert "S3cretPW" not in r.out + r.err

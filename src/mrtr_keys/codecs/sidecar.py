@@ -29,6 +29,7 @@ from mcp.server.mcpserver import InvalidRequestState, RequestStateSecurity
 
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode
+from mrtr_keys.urls import redact
 
 ENV_SECRET = "MRTR_KEYS_SIDECAR_SECRET"  # noqa: S105 - the variable's name
 DEFAULT_TIMEOUT = 2.0
@@ -75,7 +76,7 @@ class SidecarCodec:
         if not (timeout > 0 and connect_timeout > 0):
             raise ConfigError("SidecarCodec timeouts must be positive seconds")
         base, transport = _transport(url)
-        self._url = url
+        self._url = redact(url)  # a password in the URL's userinfo never reaches repr() or a message
         self._audience = audience
         self._headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
         self._client = httpx.Client(
@@ -221,7 +222,7 @@ def _transport(url: str) -> tuple[str, httpx.HTTPTransport]:
         return url.rstrip("/"), httpx.HTTPTransport(retries=0)
     if parsed.scheme == "https" and parsed.hostname:
         return url.rstrip("/"), httpx.HTTPTransport(retries=0)
-    raise ConfigError(f"unsupported sidecar URL {url!r} (use http://HOST:PORT or unix:///PATH)")
+    raise ConfigError(f"unsupported sidecar URL {redact(url)!r} (use http://HOST:PORT or unix:///PATH)")
 
 
 def sidecar_security(

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.ring.model import KeyRing
+from mrtr_keys.urls import refuse_nul
 
 ENV_KEYSTORE = "MRTR_KEYS_KEYSTORE"
 DEFAULT_KEYSTORE = ".mrtr/keyring.json"
@@ -103,9 +104,10 @@ def open_keystore(
     `state_dir` overrides ``MRTR_KEYS_STATE_DIR`` (`mrtr_keys.keystores.state`).
 
     Raises:
-        ConfigError: an unsupported URL scheme or a malformed URL.
+        ConfigError: an unsupported URL scheme, a malformed URL, or a NUL byte (also as ``%00``).
     """
     text = resolve_location(location)
+    refuse_nul(text, "a keystore location")
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     if scheme in ("", "file"):
         from mrtr_keys.keystores.file import FileKeystore, path_from_url

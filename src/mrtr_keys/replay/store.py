@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Protocol
-from urllib.parse import urlparse, urlunparse
 
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
+from mrtr_keys.urls import redact as redact  # re-exported for the stores
 
 log = logging.getLogger("mrtr_keys.replay")
 
@@ -57,15 +57,6 @@ class ReplayStore(Protocol):
     def close(self) -> None:
         """Release connections and stop background work."""
         ...
-
-
-def redact(url: str) -> str:
-    """`url` with any password replaced by ``***``."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    netloc = parsed.netloc.replace(":" + parsed.password + "@", ":***@", 1)
-    return urlunparse(parsed._replace(netloc=netloc))
 
 
 class Health:

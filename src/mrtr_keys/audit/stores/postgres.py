@@ -10,23 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
 from mrtr_keys.audit.stores.base import SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
 _MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations
-
-
-def redact(url: str) -> str:
-    """`url` with any password replaced by ``***``."""
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    netloc = parsed.netloc.replace(":" + parsed.password + "@", ":***@", 1)
-    return urlunparse(parsed._replace(netloc=netloc))
 
 
 class PostgresStore(SQLStore):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlparse
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.urls import redact, refuse_nul
 
 if TYPE_CHECKING:  # every CLI command imports this module: keep it light
     from mrtr_keys.audit.stores.base import AuditStore
@@ -41,6 +42,7 @@ def resolve_url(audit: str | Literal[False] | None, directory: str | os.PathLike
         if value.lower() in OFF_VALUES:
             return None
         if value:
+            refuse_nul(value, "an audit store URL")
             return value
     return default_url(directory) if directory is not None else None
 
@@ -75,6 +77,7 @@ def open_store(url: str) -> AuditStore:
     Raises:
         ConfigError: unknown scheme or bad URL; AuditError: the store cannot be opened.
     """
+    refuse_nul(url, "an audit store URL")
     scheme = url.partition(":")[0].lower()
     if scheme == "sqlite":
         from mrtr_keys.audit.stores.sqlite import SQLiteStore, path_from_url
@@ -93,4 +96,4 @@ def open_store(url: str) -> AuditStore:
         return JSONLStore(unquote(parsed.path))
     if "://" not in url and url.endswith((".jsonl", ".db", ".sqlite")):
         raise ConfigError(f"audit store {url!r}: write it as a URL, e.g. sqlite:///{url} or jsonl:///{url}")
-    raise ConfigError(f"unknown audit store {url!r} (sqlite:///PATH, postgresql://..., jsonl:///PATH, or off)")
+    raise ConfigError(f"unknown audit store {redact(url)!r} (sqlite:///PATH, postgresql://..., jsonl:///PATH, or off)")

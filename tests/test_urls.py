@@ -1,0 +1,53 @@
+"""URLs users hand the library: a password in one never shows in a repr() or a message; a NUL is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mrtr_keys
+from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.errors import BackendUnavailable, ConfigError
+from mrtr_keys.urls import redact
+from tests.support.net import refused_port
+
+
+def test_a_sidecar_url_with_a_password_never_shows_it() -> None:
+    with refused_port() as port:
+        codec = SidecarCodec(f"http://ops:S3cretPW@127.0.0.1:{port}", audience="billing", secret="mks_x")
+        assert repr(codec) == f"SidecarCodec('http://ops:***@127.0.0.1:{port}', audience='billing')"
+        with pytest.raises(BackendUnavailable) as down:
+            codec.seal(b"x")
+        codec.close()
+    assert str(down.value) == f"sidecar http://ops:***@127.0.0.1:{port} unreachable: ConnectError"
+    with pytest.raises(ConfigError) as bad:
+        SidecarCodec("ftp://ops:S3cretPW@host", audience="billing", secret="mks_x")
+    assert "S3cretPW" not in str(bad.value) and "ftp://ops:***@host" in str(bad.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keystore": "ring\x00.json"}, "a keystore location cannot contain a NUL byte"),
+        ({"keystore": "file:///tmp/ring%00.json"}, "a keystore location cannot contain a NUL byte"),
+        ({"audit": "sqlite:///tmp/a%00b.db"}, "an audit store URL cannot contain a NUL byte"),
+    ],
+)
+def test_a_nul_byte_in_a_location_is_a_config_error(keystore_path: Path, kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        mrtr_keys.request_state_security(**{"keystore": str(keystore_path), **kwargs}, audience="billing")
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://app:pw@db:5432/x", "postgresql://app:***@db:5432/x"),
+        ("redis://:pw@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("http://u:pw@[::1/x", "http://[::1/x"),  # unparsable: the userinfo is dropped whole
+    ],
+)
+def test_redact(url: str, shown: str) -> None:
+    assert redact(url) == shown
