@@ -1,10 +1,12 @@
 """Instances sharing a remote keystore and nothing else.
 
-Two sidecars, each in its own working and state directory with no ring file anywhere, read one ring from
-Vault KV v2 or Secrets Manager through a TCP proxy. Rounds cross instances both ways (sealed on one,
-unsealed on the other) while the ring moves through begin and promote: 0 rejected rounds. Then the proxy
-stops (the store is gone): both keep serving on the last good ring and their readiness says the reload
-fails; retire is written meanwhile; once the proxy listens again both load it without a restart.
+Three instances, each with its own working and state directory and no ring file anywhere, read one ring
+from Vault KV v2 or Secrets Manager through a TCP proxy: two sidecars and a codec from
+`mrtr_keys.request_state_security` (it keeps itself current with the ring watcher). Rounds cross instances
+(sealed on one, unsealed on another) while the ring moves through begin and promote: 0 rejected rounds.
+Then the proxy stops (the store is gone): all keep serving on the last good ring and their readiness says
+the reload fails (the sidecars' /readyz, the codec's watcher); retire is written meanwhile; once the proxy
+listens again all load it without a restart.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import boto3
 import httpx
 import pytest
 
+import mrtr_keys
 from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
 from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
@@ -57,7 +60,9 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         yield direct.url, direct, proxy, env
 
 
-def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_path: Path) -> None:
+def test_three_instances_through_rotation_and_an_outage(
+    shared_store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, direct, proxy, env = shared_store
     create_ring(direct, audiences=(AUD,))
     instances: list[Sidecar] = []
@@ -75,13 +80,18 @@ def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_pat
             instances.append(s)
             secrets_.append(s.add_client("web", [AUD]))
         a, b = instances
-        codecs = [a.codec(AUD, secrets_[0]), b.codec(AUD, secrets_[1])]
+        for name, value in {**env, "MRTR_KEYS_STATE_DIR": str(tmp_path / "c" / "state")}.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.chdir(tmp_path / "a")
+        library = mrtr_keys.request_state_security(url, audience=AUD, audit=False, reload_every=0.3).codec
+        watcher = library.watcher  # type: ignore[attr-defined]
+        codecs = [a.codec(AUD, secrets_[0]), b.codec(AUD, secrets_[1]), library]
         pids = [s.proc.pid for s in instances]
         rounds, rejected = [0], []
         stop = threading.Event()
 
         def traffic(i: int) -> None:
-            sealer, opener = codecs[i], codecs[1 - i]
+            sealer, opener = codecs[i], codecs[(i + 1) % 3]
             while not stop.is_set():
                 payload = f"{i}-{rounds[0]}".encode()
                 try:
@@ -94,8 +104,12 @@ def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_pat
         def wait_all(generation: int) -> None:
             for s, secret in zip(instances, secrets_, strict=True):
                 s.wait_generation(secret, generation, timeout=30)
+            deadline = time.monotonic() + 30
+            while library.generation != generation:  # type: ignore[attr-defined]
+                assert time.monotonic() < deadline, watcher.error
+                time.sleep(0.05)
 
-        threads = [threading.Thread(target=traffic, args=(i,)) for i in range(2)]
+        threads = [threading.Thread(target=traffic, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
         try:
@@ -107,14 +121,20 @@ def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_pat
             proxy.stop()  # the keystore is gone for the instances
             for s, secret in zip(instances, secrets_, strict=True):
                 _wait_ready_doc(s, secret, lambda doc: doc["reload_error"] is not None)
+            deadline = time.monotonic() + 30
+            while watcher.error is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
             retired = run_step(direct, "retire", force=True).ring.generation
             time.sleep(1.0)
             for s, secret in zip(instances, secrets_, strict=True):
                 assert s.generation(secret) == promoted  # still serving the last good ring
+            assert library.generation == promoted  # type: ignore[attr-defined]
             proxy.start()  # back: both pick up the retire by themselves
             wait_all(retired)
             for s, secret in zip(instances, secrets_, strict=True):
                 _wait_ready_doc(s, secret, lambda doc: doc["reload_error"] is None and doc["ready"])
+            assert watcher.error is None
             time.sleep(0.3)
         finally:
             stop.set()
@@ -125,6 +145,8 @@ def test_two_instances_through_rotation_and_an_outage(shared_store: Any, tmp_pat
         assert not any(p.name.endswith(".json") and "keyring" in p.name for p in tmp_path.rglob("*"))
         print(f"\n{url.split(':')[0]}: {rounds[0]} cross-instance rounds, {len(rejected)} rejected")
     finally:
+        if "watcher" in locals():
+            watcher.stop()
         for s in instances:
             s.stop()
 
