@@ -26,10 +26,10 @@ def test_init_rotate_matrix_and_inspect(any_keystore: KeystoreUnderTest) -> None
     assert r.code == 0, r.err
     assert r.json()["keystore"] == ks.url and r.json()["generation"] == 1
     store = ks.open()
-    codecs = [open_codec(store, audience=AUD)]
+    codecs = [open_codec(store, audience=AUD, reload_every=0)]  # one codec per generation: not kept current
     for step in ("begin", "promote", "retire"):
         assert run_step(store, step, force=step == "retire").changed
-        codecs.append(open_codec(store, audience=AUD))
+        codecs.append(open_codec(store, audience=AUD, reload_every=0))
     assert [c.generation for c in codecs] == [1, 2, 3, 4]  # type: ignore[attr-defined]
     # Generations 1-2 seal with OLD, 3-4 with NEW; OLD opens in 1-3, NEW in 2-4.
     tokens = [c.seal(f"gen{i + 1}".encode()) for i, c in enumerate(codecs)]
