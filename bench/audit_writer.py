@@ -143,7 +143,8 @@ def _reset_pg(url: str) -> None:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS audit_events, schema_version")
+        conn.execute("DROP SCHEMA public CASCADE")  # every audit table, whatever the schema version holds
+        conn.execute("CREATE SCHEMA public")
 
 
 def run(directory: Path, settings: Settings) -> list[Row]:
