@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,14 @@ def test_a_nul_byte_in_a_location_is_a_config_error(keystore_path: Path, kwargs:
 )
 def test_redact(url: str, shown: str) -> None:
     assert redact(url) == shown
+
+
+def test_a_sidecar_not_up_at_start_is_logged_without_the_url_password(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    with refused_port() as port:
+        security = mrtr_keys.request_state_security(
+            sidecar=f"http://ops:S3cretPW@127.0.0.1:{port}", audience="billing", secret="mks_x"
+        )
+    security.codec.close()  # type: ignore[attr-defined]
+    assert f"sidecar http://ops:***@127.0.0.1:{port} not checked at start" in caplog.text
+    assert "S3cretPW" not in caplog.text

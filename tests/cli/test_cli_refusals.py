@@ -49,3 +49,15 @@ def test_an_unknown_audit_store_url_is_refused_without_its_password(keystore_pat
     r = run_cli("audit", "query", "--audit", "redis://:S3cretPW@127.0.0.1:6379/0", keystore=keystore_path)
     one_line(r, 2, "unknown audit store 'redis://:***@127.0.0.1:6379/0'")
     assert "S3cretPW" not in r.out + r.err
+
+
+def test_health_never_prints_a_password_from_the_sidecar_url() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = closed.getsockname()[1]
+        r = run_cli("health", "--url", f"http://ops:S3cretPW@127.0.0.1:{port}")
+    assert r.code == 1, (r.code, r.err)
+    assert (
+        r.err.strip() == f"mrtr-keys: sidecar at http://ops:***@127.0.0.1:{port} did not answer /healthz: ConnectError"
+    )
+    assert "S3cretPW" not in r.out + r.err

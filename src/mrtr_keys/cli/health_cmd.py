@@ -52,10 +52,13 @@ def health(
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+    from mrtr_keys.urls import redact
+
+    shown = redact(target)  # a password in the URL's userinfo is never printed
     if json_:
-        print_json({"url": target, "path": path, "status": 200})
+        print_json({"url": shown, "path": path, "status": 200})
     else:
-        print_line(f"ok: {target}{path} answered 200")
+        print_line(f"ok: {shown}{path} answered 200")
 
 
 def _check(target: str, path: str, ready: bool, timeout: float) -> None:
@@ -64,8 +67,10 @@ def _check(target: str, path: str, ready: bool, timeout: float) -> None:
 
     from mrtr_keys.codecs.sidecar import _transport
     from mrtr_keys.errors import MrtrKeysError
+    from mrtr_keys.urls import redact
 
     base, transport = _transport(target)
+    target = redact(target)  # for the messages below
     try:
         with httpx.Client(base_url=base, transport=transport, timeout=timeout) as client:
             response = client.get(path)

@@ -245,7 +245,7 @@ def sidecar_security(
         codec.close()
         raise
     except BackendUnavailable as exc:
-        log.info("sidecar %s not checked at start (%s); the ttl check is skipped", url, exc)
+        log.info("sidecar %s not checked at start (%s); the ttl check is skipped", redact(url), exc)
         ring_ttl = None
     if isinstance(ring_ttl, int | float) and ttl > ring_ttl:
         codec.close()
