@@ -61,3 +61,13 @@ def test_health_never_prints_a_password_from_the_sidecar_url() -> None:
         r.err.strip() == f"mrtr-keys: sidecar at http://ops:***@127.0.0.1:{port} did not answer /healthz: ConnectError"
     )
     assert "S3cretPW" not in r.out + r.err
+
+
+def test_a_state_directory_given_as_a_url_is_refused_and_creates_nothing(keystore_path: Path, tmp_path: Path) -> None:
+    """``file:///x`` is not a path: taken literally it would create a directory named ``file:``."""
+    message = "the state directory is a local directory path, not 'file:///tmp/x' (--state-dir or MRTR_KEYS_STATE_DIR)"
+    one_line(run_cli("--state-dir", "file:///tmp/x", "audit", "query", keystore=keystore_path), 2, message)
+    r = run_cli("rotate", "status", keystore=keystore_path, env={"MRTR_KEYS_STATE_DIR": "file:///tmp/x"})
+    one_line(r, 2, message)
+    assert not any(p.name.startswith("file:") for p in tmp_path.rglob("*"))
+    assert not Path("file:").exists()

@@ -33,14 +33,34 @@ ENV_STATE_DIR = "MRTR_KEYS_STATE_DIR"
 
 def set_state_dir(path: str | os.PathLike[str] | None) -> None:
     """Make `path` the state directory of keystores opened without one (``--state-dir``): it is set as
-    ``MRTR_KEYS_STATE_DIR`` so child processes (uvicorn workers, the audit writer) see the same one."""
+    ``MRTR_KEYS_STATE_DIR`` so child processes (uvicorn workers, the audit writer) see the same one.
+
+    Raises:
+        ConfigError: `path` is a URL (``file:///x`` would become a directory named ``file:``) or holds
+            a NUL byte.
+    """
     if path is not None and str(path):
+        _refuse_url(str(path))
         os.environ[ENV_STATE_DIR] = str(Path(path).expanduser().absolute())
 
 
+def _refuse_url(value: str) -> None:
+    if "://" in value or "\x00" in value:
+        raise ConfigError(
+            f"the state directory is a local directory path, not {value!r} (--state-dir or {ENV_STATE_DIR})"
+        )
+
+
 def configured_state_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """`explicit`, else ``MRTR_KEYS_STATE_DIR``, as an absolute path; None when neither is set."""
+    """`explicit`, else ``MRTR_KEYS_STATE_DIR``, as an absolute path; None when neither is set.
+
+    Raises:
+        ConfigError: the value is a URL (``file:///x`` would become a directory named ``file:``) or
+            holds a NUL byte.
+    """
     value = str(explicit) if explicit is not None and str(explicit) else os.environ.get(ENV_STATE_DIR)
+    if value:
+        _refuse_url(value)
     return Path(value).expanduser().absolute() if value else None
 
 
