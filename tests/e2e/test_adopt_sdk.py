@@ -82,6 +82,16 @@ class Migration:
             assert time.monotonic() < deadline, f"{servers} instances did not load generation {generation}"
             time.sleep(0.2)
 
+    def fleet(self, generation: int) -> dict[str, dict[str, object]]:
+        """`mrtr-keys fleet status --json` by instance name, once B and C report `generation` (bounded)."""
+        deadline = time.monotonic() + 30
+        while True:
+            rows = {r["name"]: r for r in self.cli("fleet", "status", "--json").json() if r["status"] == "live"}
+            if {"B", "C"} <= set(rows) and all(rows[n]["generation"] == generation for n in ("B", "C")):
+                return rows
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.3)
+
     def step_when_gates_allow(self, step: str) -> CliResult:
         """``mrtr-keys rotate STEP``, repeated while it exits 75 (a gate: an instance has not loaded phase 1)."""
         deadline = time.monotonic() + 30
@@ -132,6 +142,9 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         c = m.server("C")
         pool.wait_ready()
         m.both_ways("0-ring", b, c)
+        fleet = m.fleet(1)
+        assert [(fleet[n]["primary_kid"], fleet[n]["primary_format"]) for n in ("B", "C")] == [(kid, "sdk-v1")] * 2
+        assert f"{kid}: the MCP SDK's own key" in m.cli("fleet", "status").out
 
         # Phase 1: a new mk1 key every instance learns; the SDK key still seals.
         began = m.cli("rotate", "begin", "--json").json()
@@ -148,6 +161,8 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         # Phase 2: the mk1 key seals (the promote gate reads the audit log: both instances loaded phase 1).
         promoted = m.step_when_gates_allow("promote").json()
         m.wait_loaded(promoted["generation"])
+        fleet = m.fleet(promoted["generation"])
+        assert {(r["primary_kid"], r["primary_format"]) for r in fleet.values()} == {(new_kid, "mk1")}
         new_tokens = m.both_ways("2-promoted", b, c)
         assert all(t.startswith("mk1.") for t in new_tokens)
         assert m.cli("inspect", new_tokens[0], "--json").json()["kid"] == new_kid

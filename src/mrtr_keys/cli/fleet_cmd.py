@@ -2,7 +2,8 @@
 
 One row an instance (name, codec, generation, primary kid, last heartbeat, live / stale / stopped),
 in 80 columns; ``--json`` gives every field (`mrtr_keys.audit.presence.InstanceRecord` plus
-``status`` and ``age_seconds``). Instances of other rings in the same store, and rows whose last
+``status``, ``age_seconds`` and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
+key). Instances of other rings in the same store, and rows whose last
 heartbeat is older than ``--since`` (default 1h), are left out.
 """
 
@@ -43,7 +44,10 @@ def status(
     ] = "1h",
     json_: JsonOpt = False,
 ) -> None:
-    """One row an instance: name, codec, generation, primary kid, last heartbeat, live / stale / stopped."""
+    """One row an instance: name, codec, generation, primary kid, last heartbeat, live / stale / stopped.
+
+    A primary that is the MCP SDK's own key (a ring started with ``init --from-sdk-key-file``) gets a
+    note line; ``--json`` gives each row's ``primary_format`` (``mk1`` or ``sdk-v1``)."""
     from mrtr_keys.audit.events import parse_event_time, parse_when
     from mrtr_keys.audit.presence import read_instances
     from mrtr_keys.audit.stores.url import existing_store
@@ -66,8 +70,9 @@ def status(
         ]
     finally:
         audit.close()
+    formats = {k.kid: k.format.value for k in ring.keys}  # mk1, or sdk-v1: the MCP SDK's own key
     if json_:
-        print_json([r.to_json(now) for r in rows])
+        print_json([{**r.to_json(now), "primary_format": formats.get(r.primary_kid or "")} for r in rows])
         return
     counts = {s: sum(r.status(now) == s for r in rows) for s in ("live", "stale", "stopped")}
     print_line(
@@ -94,6 +99,8 @@ def status(
             notes.append(f"  {r.name}: {r.note}")
     for note in notes:
         print_line(note)
+    for kid in sorted({r.primary_kid for r in rows if r.primary_kid and formats.get(r.primary_kid) == "sdk-v1"}):
+        print_line(f"  {kid}: the MCP SDK's own key, sealing its v1. tokens (docs/migration.md)")
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
