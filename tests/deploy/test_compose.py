@@ -90,8 +90,11 @@ def test_compose_stack_seals_through_the_sidecar(box: Sandbox, postgres_url: str
     }
     _volumes(box, services)
 
-    # openbao: its own command (the upstream image's entrypoint is bao), then its healthcheck.
+    # openbao: its own command (the upstream image's entrypoint is bao), then its healthcheck; the image's
+    # version is the one of the bao binary the test runs.
     bao = services["openbao"]
+    version = subprocess.run([bao_binary(), "version"], capture_output=True, text=True, check=True).stdout
+    assert version.startswith(f"OpenBao v{bao['image'].rsplit(':', 1)[1]} "), (bao["image"], version)
     bao_home = box.root / "openbao-home"
     bao_home.mkdir()
     bao_env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))} | {"HOME": str(bao_home)}
