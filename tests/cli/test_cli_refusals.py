@@ -71,3 +71,10 @@ def test_a_state_directory_given_as_a_url_is_refused_and_creates_nothing(keystor
     one_line(r, 2, message)
     assert not any(p.name.startswith("file:") for p in tmp_path.rglob("*"))
     assert not Path("file:").exists()
+
+
+def test_control_characters_in_an_error_are_shown_escaped_on_one_line(tmp_path: Path) -> None:
+    """A path the user typed with a newline or an ESC cannot split the message or recolour the terminal."""
+    r = run_cli("keys", "list", "--keystore", str(tmp_path / "a\nb\x1b[31mred"))
+    one_line(r, 2, "no key ring at")
+    assert "\x1b" not in r.err and "a b\\x1b[31mred" in r.err

@@ -60,8 +60,12 @@ def print_fields(title: str | None, fields: dict[str, Any]) -> None:
 
 
 def error(text: str) -> None:
-    """One line on stderr, prefixed with the program name (inner newlines and tabs folded)."""
-    sys.stderr.write(f"mrtr-keys: {' '.join(text.split())}\n")
+    """One line on stderr, prefixed with the program name (inner newlines and tabs folded; other control
+    characters, such as an ESC inside a path the user typed, shown escaped so they cannot drive the terminal)."""
+    line = " ".join(text.split())
+    if not line.isprintable():
+        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    sys.stderr.write(f"mrtr-keys: {line}\n")
 
 
 def json_requested(argv: Sequence[str]) -> bool:
