@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
 
 if TYPE_CHECKING:
     from mrtr_keys.audit.stores.base import AuditStore, Query
@@ -40,7 +40,7 @@ UntilOpt = Annotated[str | None, typer.Option("--until", help="Before this time:
 def _keystore(location: str | None) -> Keystore:
     from mrtr_keys.keystores import open_keystore
 
-    return open_keystore(location)
+    return open_keystore(location, state_dir=root_state_dir())
 
 
 def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) -> AuditStore:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
 
 app = typer.Typer(help="Sidecar clients: names, audiences, operations (secrets are shown once).", no_args_is_help=True)
 
@@ -29,7 +29,7 @@ def _path(keystore_: str | None, clients: str | None) -> Path:
         return registry_path(None, clients)
     from mrtr_keys.keystores import open_keystore
 
-    return registry_path(open_keystore(keystore_).directory)
+    return registry_path(open_keystore(keystore_, state_dir=root_state_dir()).directory)
 
 
 @app.command("add")
@@ -47,7 +47,7 @@ def add(
     from mrtr_keys.keystores import open_keystore
     from mrtr_keys.service.clients import add_client
 
-    store = open_keystore(keystore_)
+    store = open_keystore(keystore_, state_dir=root_state_dir())
     if not store.exists():  # a registry beside no ring is one no sidecar reads (docs/sidecar.md)
         raise ConfigError(
             f"no key ring at {store.url}: a sidecar serves clients of the ring it loads, so add clients where "

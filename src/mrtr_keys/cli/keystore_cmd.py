@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt
+from mrtr_keys.cli.options import JsonOpt, root_state_dir
 
 app = typer.Typer(help="Key ring storage: copy a ring between keystores.", no_args_is_help=True)
 
@@ -22,7 +22,9 @@ def copy(
     from mrtr_keys.keystores import open_keystore
     from mrtr_keys.keystores.copy import copy_ring
 
-    result = copy_ring(open_keystore(source), open_keystore(destination))
+    result = copy_ring(
+        open_keystore(source, state_dir=root_state_dir()), open_keystore(destination, state_dir=root_state_dir())
+    )
     if json_:
         print_json(result.describe())
         return

@@ -75,12 +75,14 @@ def _root(
     ] = False,
 ) -> None:
     """Shared, rotated, audited keys for MCP requestState."""
-    from mrtr_keys.keystores.state import set_state_dir
+    from mrtr_keys.keystores.state import configured_state_dir
     from mrtr_keys.logs import configure_logging
 
     configure_logging(log_format)
-    set_state_dir(state_dir)  # audit key, default audit log, client registry, lock files (docs/keystores.md)
-    set_root(audit=audit, log_format=log_format)  # ring changes, rotation gates and the sidecar use these
+    chosen = configured_state_dir(state_dir)  # audit key, default audit log, client registry, lock files
+    set_root(
+        audit=audit, log_format=log_format, state_dir=str(chosen) if chosen is not None else None
+    )  # ring changes, rotation gates and the sidecar use these
 
 
 @app.command("version")

@@ -36,17 +36,23 @@ def keystore(location: str | None):  # type: ignore[no-untyped-def]
     """Open the keystore named by --keystore / MRTR_KEYS_KEYSTORE / the default."""
     from mrtr_keys.keystores import open_keystore
 
-    return open_keystore(location)
+    return open_keystore(location, state_dir=root_state_dir())
 
 
-_root: dict[str, str | None] = {"audit": None, "log_format": None}
-"""The root command's ``--audit`` and chosen log format for this run (the CLI's only state; passed on
+_root: dict[str, str | None] = {"audit": None, "log_format": None, "state_dir": None}
+"""The root command's ``--audit``, ``--state-dir`` and chosen log format for this run (the CLI's only state; passed on
 explicitly, never put in the environment)."""
 
 
-def set_root(*, audit: str | None, log_format: str | None) -> None:
-    """Remember the root ``--audit URL`` (or ``MRTR_KEYS_AUDIT``) and ``--log-format`` (or ``MRTR_KEYS_LOG_FORMAT``)."""
-    _root.update(audit=audit, log_format=log_format)
+def set_root(*, audit: str | None, log_format: str | None, state_dir: str | None = None) -> None:
+    """Remember the root ``--audit URL`` (or ``MRTR_KEYS_AUDIT``), ``--log-format`` (or ``MRTR_KEYS_LOG_FORMAT``)
+    and ``--state-dir`` (or ``MRTR_KEYS_STATE_DIR``)."""
+    _root.update(audit=audit, log_format=log_format, state_dir=state_dir)
+
+
+def root_state_dir() -> str | None:
+    """The root ``--state-dir`` / ``MRTR_KEYS_STATE_DIR`` of this run (an absolute path), or None."""
+    return _root["state_dir"]
 
 
 def root_audit() -> str | None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import KeystoreOpt, root_audit, root_log_format
+from mrtr_keys.cli.options import KeystoreOpt, root_audit, root_log_format, root_state_dir
 
 
 def serve(
@@ -97,8 +97,9 @@ def serve(
         single_use_audiences=tuple(single_use_audience) if single_use_audience else None,
         on_replay_store_error=on_replay_store_error,
         http=http,
-        audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT and the log format, passed on to the
-        log_format=chosen,  # workers in their settings
+        audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT, --state-dir and the log format, passed on
+        state_dir=root_state_dir(),  # to the workers in their settings (never through the environment)
+        log_format=chosen,
         instance=instance,
         heartbeat_interval=heartbeat_interval,
     )

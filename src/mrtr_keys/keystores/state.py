@@ -31,19 +31,6 @@ from mrtr_keys.errors import ConfigError
 ENV_STATE_DIR = "MRTR_KEYS_STATE_DIR"
 
 
-def set_state_dir(path: str | os.PathLike[str] | None) -> None:
-    """Make `path` the state directory of keystores opened without one (``--state-dir``): it is set as
-    ``MRTR_KEYS_STATE_DIR`` so child processes (uvicorn workers, the audit writer) see the same one.
-
-    Raises:
-        ConfigError: `path` is a URL (``file:///x`` would become a directory named ``file:``) or holds
-            a NUL byte.
-    """
-    if path is not None and str(path):
-        _refuse_url(str(path))
-        os.environ[ENV_STATE_DIR] = str(Path(path).expanduser().absolute())
-
-
 def _refuse_url(value: str) -> None:
     if "://" in value or "\x00" in value:
         raise ConfigError(

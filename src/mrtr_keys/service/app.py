@@ -116,7 +116,7 @@ def create_app(
     """
     config = config or ServiceConfig()
     if keystore is None or isinstance(keystore, str):
-        store = open_keystore(keystore or config.keystore)
+        store = open_keystore(keystore or config.keystore, state_dir=config.state_dir)
     else:
         store = keystore
     if audit is None and config.audit_factory:

@@ -82,6 +82,7 @@ class ServiceConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS
     audit: str | None = None
+    state_dir: str | None = None
     log_format: str | None = None
     strict_audit: bool = False
     audit_factory: str | None = None
