@@ -215,9 +215,11 @@ def test_audit_tail_fits_80_columns_and_wide_shows_every_field(ring: Path, make_
 
 
 def test_shell_completion_script_and_completions() -> None:
-    """docs/cli.md: `mrtr-keys --show-completion bash` prints the script; the shell then asks the CLI."""
+    """docs/cli.md: `mrtr-keys --show-completion`, run from bash, prints bash's script (the shell is detected
+    from the parent process, so the command runs under a bash that stays its parent); bash then asks the CLI."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("_MRTR")}
-    script = subprocess.run([*MRTR_KEYS, "--show-completion", "bash"], capture_output=True, text=True, env=env)
+    from_bash = ["bash", "-c", '"$@"; exit $?', "bash", *MRTR_KEYS, "--show-completion"]
+    script = subprocess.run(from_bash, capture_output=True, text=True, env=env)
     assert script.returncode == 0 and "complete -o default -F _mrtr_keys_completion mrtr-keys" in script.stdout
     words = {**env, "COMP_WORDS": "mrtr-keys keys d", "COMP_CWORD": "2", "_MRTR_KEYS_COMPLETE": "complete_bash"}
     done = subprocess.run(MRTR_KEYS, capture_output=True, text=True, env=words)
