@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import parse_event_time
+from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS
 from mrtr_keys.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -142,28 +143,10 @@ class InstanceRecord:
         return LIVE if self.age(now) < LIVE_INTERVALS * self.every_s else STALE
 
     def to_json(self, now: float) -> dict[str, Any]:
-        doc = dict(zip(_FIELDS, self.row(), strict=True))
+        doc = dict(zip(INSTANCE_COLUMNS, self.row(), strict=True))
         doc["status"] = self.status(now)
         doc["age_seconds"] = round(self.age(now), 3)
         return doc
-
-
-_FIELDS = (
-    "name",
-    "host",
-    "pid",
-    "kind",
-    "codec",
-    "ring_id",
-    "generation",
-    "primary_kid",
-    "version",
-    "started",
-    "beat",
-    "every_s",
-    "state",
-    "note",
-)
 
 
 def read_instances(store: AuditStore) -> list[InstanceRecord]:
