@@ -36,6 +36,9 @@ log = logging.getLogger("mrtr_keys.reload")
 DEFAULT_INTERVAL = 2.0
 """Seconds between cheap change checks (the library's ``reload_every=``, the sidecar's ``--reload-interval``)."""
 MAX_INTERVAL = 86400.0
+_JITTER = random.Random()  # noqa: S311 (jitter, not a secret)
+"""The watchers' own generator: their jitter never moves the process-wide `random` state."""
+
 JITTER = 0.2
 """Each wait is ``interval * uniform(1 - JITTER, 1 + JITTER)``."""
 
@@ -73,7 +76,8 @@ class RingWatcher:
         on_switch: optional callable run after a reload that switched or was refused (presence heartbeat).
         on_error: optional callable told the error message when a check fails, and None when a check
             succeeds again (the sidecar's readiness and metrics).
-        rng: ``random.random`` by default (tests pass a constant).
+        rng: a uniform draw in [0, 1) for the jitter; by default this module's own `random.Random`, so the
+            watcher never moves the process-wide `random` state (tests pass a constant).
 
     Attributes:
         error: why the last check failed, or None. checks / reads: counts of cheap checks and
@@ -92,7 +96,7 @@ class RingWatcher:
         every_check: Callable[[], Any] | None = None,
         on_switch: Callable[[], Any] | None = None,
         on_error: Callable[[str | None], Any] | None = None,
-        rng: Callable[[], float] = random.random,
+        rng: Callable[[], float] | None = None,
     ) -> None:
         self.keystore = keystore
         self.interval = check_interval(interval)
@@ -100,7 +104,7 @@ class RingWatcher:
         self._every_check = every_check
         self.on_switch = on_switch
         self.on_error = on_error
-        self._rng = rng
+        self._rng = rng if rng is not None else _JITTER.random
         self.error: str | None = None
         self.checks = 0
         self.reads = 0
