@@ -3,23 +3,13 @@ Redis and a throwaway PostgreSQL database and prints every row with a verdict. N
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.fixtures.common import REPO
+from tests.bench.runner import run_part
 
 
 def test_single_use_part_prints_every_row(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "single_use", "--quick", "--results-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_part("single_use", tmp_path)
     for name in (
         "plain unseal (Redis run)",
         "raw SET NX PX (redis-py)",

@@ -10,11 +10,9 @@ the shape is a count, not a time: the data-key codecs made zero remote calls per
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.fixtures.common import REPO
+from tests.bench.runner import run_part
 
 EXPECTED_ROWS = [
     "raw AES-GCM seal",
@@ -36,15 +34,7 @@ EXPECTED_ROWS = [
 
 
 def test_inprocess_part_prints_and_saves_every_row(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "inprocess", "--quick", "--results-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_part("inprocess", tmp_path)
     table = proc.stdout
     assert table.startswith("| part | row | median |")
     for name in EXPECTED_ROWS:

@@ -4,23 +4,13 @@ docs/performance.md); what is asserted is that the run had no errors and the sta
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.fixtures.common import REPO
+from tests.bench.runner import run_part
 
 
 def test_stalled_part_prints_both_rows(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "stalled", "--quick", "--results-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_part("stalled", tmp_path)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| stalled |")]
     assert [r.split(" | ")[1] for r in rows] == [
         "sidecar seal c=16 p99 without stalled connections",

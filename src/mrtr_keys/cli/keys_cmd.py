@@ -130,17 +130,6 @@ def _last_old_seal(store: Any) -> Any:
 
 
 def _print_result(result: Any, json_: bool) -> None:
-    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.cli.output import print_change
 
-    if json_:
-        print_json(
-            {
-                "step": result.op,
-                "changed": result.changed,
-                "generation": result.ring.generation,
-                "message": result.message,
-                **result.details,
-            }
-        )
-    else:
-        print_line(result.message)
+    print_change(result, json_)

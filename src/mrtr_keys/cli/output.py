@@ -18,6 +18,18 @@ def print_line(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
+def print_change(result: Any, json_: bool, *, with_forced: bool = False) -> None:
+    """A saved (or skipped) key ring change (`ring.apply.ChangeResult`): its message, or with `json_` the
+    object ``{step, changed, [forced,] generation, message, **details}`` (``forced`` for rotation steps)."""
+    if not json_:
+        print_line(result.message)
+        return
+    doc: dict[str, Any] = {"step": result.op, "changed": result.changed}
+    if with_forced:
+        doc["forced"] = result.forced
+    print_json({**doc, "generation": result.ring.generation, "message": result.message, **result.details})
+
+
 def print_table(
     title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, compact: bool = False
 ) -> None:

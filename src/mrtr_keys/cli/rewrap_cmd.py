@@ -17,19 +17,8 @@ def rewrap(
     json_: JsonOpt = False,
 ) -> None:
     """Re-encrypt every usable data key under another KMS key (ReEncrypt); kids and tokens stay valid."""
-    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.cli.output import print_change
     from mrtr_keys.ring.rewrap import rewrap as run_rewrap
 
     result = run_rewrap(keystore(keystore_), kms_key_id, listeners=change_listeners())
-    if json_:
-        print_json(
-            {
-                "step": result.op,
-                "changed": result.changed,
-                "generation": result.ring.generation,
-                "message": result.message,
-                **result.details,
-            }
-        )
-    else:
-        print_line(result.message)
+    print_change(result, json_)

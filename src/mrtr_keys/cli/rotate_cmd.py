@@ -127,21 +127,9 @@ def _step(
 
 
 def _print(result: ChangeResult, json_: bool) -> None:
-    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.cli.output import print_change
 
-    if json_:
-        print_json(
-            {
-                "step": result.op,
-                "changed": result.changed,
-                "forced": result.forced,
-                "generation": result.ring.generation,
-                "message": result.message,
-                **result.details,
-            }
-        )
-    else:
-        print_line(result.message)
+    print_change(result, json_, with_forced=True)
 
 
 @app.command("begin")
