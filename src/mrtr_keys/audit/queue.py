@@ -2,7 +2,10 @@
 
 Every item is charged `mrtr_keys.audit.items.item_bytes` from `submit` until the sink `release`s
 it (handed to the writer process, or stored). Below the high-water mark (half of `capacity` and
-half of `max_bytes`) `submit` takes one short lock and appends. Above it, while the writer is
+half of `max_bytes`) `submit` takes one short lock and appends; when `ship_at` items are queued, or
+the oldest has waited `ship_delay` seconds, it then calls `on_ready` (the process-mode sink ships a
+frame from the calling thread, so no background thread has to wake and compete for the
+interpreter lock while the process is busy). Above it, while the writer is
 healthy, the caller waits (at most `max_wait` seconds) for it to catch up: callers are slowed,
 not dropped. An event is dropped only when waiting did not help (the writer stalled, or the store
 cannot be written) and the queue is at its hard bound; `dropped` counts every such event and a
@@ -33,6 +36,9 @@ TOKEN_KEEP = MAX_TOKEN_CHARS + 1
 """Characters of a token kept for its fingerprint: anything longer is not a token any codec
 accepts, and its fingerprint (``raw:`` + the first `MAX_TOKEN_CHARS`) is the same when cut here."""
 DROP_LOG_INTERVAL = 1.0
+RETRACT_SCAN = 4_096
+"""Newest queued items searched for the target of a `replace` (a retraction follows its unseal
+within microseconds, so it is among the last few)."""
 
 
 def _cost(items: Sequence[AuditItem]) -> int:
@@ -47,6 +53,8 @@ class AuditQueue:
             caller may be slowed at the high-water mark.
         healthy: True while the writer can store (callers wait only then).
         wake: asks the writer to run now. `where`: names the store in log lines.
+        on_ready: called (outside the lock, by the submitting thread) once `ship_at` items are
+            queued or the oldest has waited `ship_delay` seconds; None: never.
     """
 
     def __init__(
@@ -58,14 +66,18 @@ class AuditQueue:
         healthy: Callable[[], bool],
         wake: Callable[[], None],
         where: str,
+        on_ready: Callable[[], None] | None = None,
+        ship_at: int = 512,
+        ship_delay: float = 0.05,
     ) -> None:
         if capacity < 2 or max_bytes < 2 * (ITEM_OVERHEAD_BYTES + TOKEN_KEEP) or not max_wait >= 0:
             raise ValueError("capacity >= 2, max_bytes >= two largest items, max_wait >= 0")
         self.capacity, self.max_bytes, self.max_wait = capacity, max_bytes, max_wait
         self.high_water, self.high_bytes = capacity // 2, max_bytes // 2
         self._healthy, self._wake, self._where = healthy, wake, where
+        self.on_ready = on_ready
+        self.ship_at, self.ship_delay, self.ship_keep = ship_at, ship_delay, 0
         self.items: deque[AuditItem] = deque()
-        self.retracts: deque[tuple[AuditItem, str]] = deque()
         self.n = 0
         """Events charged: queued, held back one cycle, or being handed to the writer."""
         self.bytes = 0
@@ -96,11 +108,18 @@ class AuditQueue:
         cost = ITEM_OVERHEAD_BYTES + (len(token) if token is not None else 0)
         with self._space:
             if self.n < self.high_water and self.bytes + cost <= self.high_bytes:
-                self.items.append(item)
+                items = self.items
+                items.append(item)
                 self.n += 1
                 self.bytes += cost
-                return
-        self._submit_congested(item, cost)
+                k = len(items)
+                ready = k >= self.ship_at or (k > self.ship_keep and item.time - items[0].time >= self.ship_delay)
+            else:
+                ready = None
+        if ready is None:
+            self._submit_congested(item, cost)
+        elif ready and self.on_ready is not None:
+            self.on_ready()
 
     def _submit_congested(self, item: AuditItem, cost: int) -> None:
         deadline = 0.0
@@ -133,8 +152,29 @@ class AuditQueue:
         """Pop the `n` oldest items (still charged until `release`)."""
         return list(starmap(self.items.popleft, repeat((), min(n, len(self.items)))))
 
-    def take_retracts(self) -> list[tuple[AuditItem, str]]:
-        return list(starmap(self.retracts.popleft, repeat((), len(self.retracts))))
+    def take_settled(self, n: int, *, keep: int = 0, before: float = float("inf")) -> list[AuditItem]:
+        """Pop up to `n` of the oldest items, leaving the newest `keep` and every item from
+        `before` on (POSIX time) queued, so that a `replace` right after a submit finds its item."""
+        items = self.items
+        k = min(n, len(items) - keep)
+        if k <= 0:
+            return []
+        if items[k - 1].time >= before:
+            k = next((i for i, x in enumerate(items) if i >= k or x.time >= before), k)
+        return list(starmap(items.popleft, repeat((), k)))
+
+    def replace(self, old: AuditItem, new: AuditItem) -> bool:
+        """Put `new` in the place of queued `old` (the same object; searched among the newest
+        `RETRACT_SCAN`). False if `old` is no longer queued (taken by the writer)."""
+        with self._space:
+            for back, x in enumerate(reversed(self.items)):
+                if x is old:
+                    self.items[-back - 1] = new
+                    self.bytes += _cost((new,)) - _cost((old,))
+                    return True
+                if back >= RETRACT_SCAN:
+                    break
+        return False
 
     def charge(self, items: Sequence[AuditItem]) -> None:
         """Charge items made by the writer itself (late rejections), without a bound check."""
@@ -161,13 +201,6 @@ class AuditQueue:
         with self._space:
             self._stalled = True
             self._space.notify_all()
-
-    def retract(self, item: AuditItem, reason: str) -> None:
-        """Ask the writer to turn queued `item` into a rejection with `reason` (see the sink)."""
-        if len(self.retracts) < self.capacity:
-            self.retracts.append((item, reason))
-        else:
-            self.drop()
 
     def drop(self, n: int = 1, why: str | None = None) -> None:
         """Count `n` events that will never be stored; log (at most once a second, or with `why`)."""

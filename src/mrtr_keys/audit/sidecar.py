@@ -99,7 +99,9 @@ def sidecar_audit(
     url = resolve_url(audit, directory)
     if url is None:
         return None
-    return SidecarAudit(shared_sink(url, directory), strict=strict)
+    sink = shared_sink(url, directory)
+    sink.start_writer()  # its memory in place before traffic, not grown into under load
+    return SidecarAudit(sink, strict=strict)
 
 
 def factory(config: Any) -> SidecarAudit | None:

@@ -4,11 +4,12 @@ The caller's side (`submit`) cuts the token to the token cap, takes one short lo
 an `AuditItem`: no hashing, no I/O. Two writers (``mode``):
 
 * ``"process"`` (the default of `mrtr_keys.audit.registry.shared_sink`, so of in-process codecs,
-  the sidecar and the CLI): a light shipper thread wakes every `interval` (5 ms), takes what is
-  queued, and writes it as `marshal` frames of columns to a pipe (`mrtr_keys.audit.writer.parent`).
-  A child process (`mrtr_keys.audit.writer.child`, started on the first batch, restarted on the
-  next batch after it died) fingerprints, chains and stores, on its own interpreter lock and CPU,
-  and acknowledges each transaction.
+  the sidecar and the CLI): queued items travel as `marshal` frames of columns through a pipe
+  (`mrtr_keys.audit.writer.parent`), shipped mostly by the submitting thread itself and otherwise
+  by a background thread that wakes rarely (`mrtr_keys.audit.shipper`). A child process
+  (`mrtr_keys.audit.writer.child`, started on the first batch or by `start_writer`, restarted on
+  the next batch after it died) fingerprints, chains and stores, on its own interpreter lock and
+  CPU, and acknowledges what it stored.
 * ``"thread"``: the writer thread wakes every `interval` (50 ms) and fingerprints, chains and
   appends in this process, holding its interpreter lock while it does.
 
@@ -18,9 +19,9 @@ the same batch (the chain stays gap-free). `healthy` is False while writes fail 
 writer process died (the sidecar's /readyz and strict mode use it); events shipped to a process
 that died unacknowledged count as dropped.
 
-Each batch is held back for one cycle before it is written, so that a rejection the MCP SDK
-reports just after our codec unsealed a token (`mrtr_keys.audit.sdk_capture`) turns that
-``unseal ok`` into one ``unseal rejected`` event with the SDK's reason, instead of two events.
+A rejection the MCP SDK reports just after our codec unsealed a token (`mrtr_keys.audit.sdk_capture`)
+replaces that ``unseal ok`` item in the queue with one ``unseal rejected`` event carrying the SDK's
+reason (`retract`); only if the item already left the queue is the rejection an event of its own.
 Synchronous writes (`write_now`, `ring_loaded`) happen in the caller's process, on the sink's
 own chain. Every sink is closed at interpreter exit and renewed in a forked child
 (`mrtr_keys.audit.live`).
@@ -39,12 +40,13 @@ from typing import Literal
 from mrtr_keys.audit.direct import DirectWriter
 from mrtr_keys.audit.events import OK, AuditEvent, instance_id
 from mrtr_keys.audit.fingerprint import Fingerprinter
-from mrtr_keys.audit.items import AuditItem, item_values, to_columns
+from mrtr_keys.audit.items import AuditItem, item_values
 from mrtr_keys.audit.live import close_all
 from mrtr_keys.audit.live import sinks as live
 from mrtr_keys.audit.queue import DEFAULT_CAPACITY, DEFAULT_MAX_BYTES, DEFAULT_MAX_WAIT, AuditQueue
+from mrtr_keys.audit.shipper import SHIP_DELAY, Shipper
 from mrtr_keys.audit.stores.base import AuditStore
-from mrtr_keys.audit.writer.parent import ProcessWriter
+from mrtr_keys.audit.writer.process import ProcessWriter
 from mrtr_keys.errors import AuditError
 
 logger = logging.getLogger("mrtr_keys.audit")
@@ -52,17 +54,13 @@ logger = logging.getLogger("mrtr_keys.audit")
 DEFAULT_BATCH = 2_000
 DEFAULT_INTERVAL = 0.05
 """Seconds between writer wake-ups (thread mode)."""
-PROCESS_INTERVAL = 0.005
-"""Seconds between shipper wake-ups (process mode: shipping is cheap, so ship often)."""
-PROCESS_BATCH = 100_000
-"""Most events per shipper wake-up (process mode ships everything queued each wake-up)."""
-PROCESS_FRAME = 2_000
-"""Most events per frame sent to the writer child (small frames keep the child's memory flat)."""
+PROCESS_INTERVAL = SHIP_DELAY
+"""Shortest sleep of the process-mode background thread (seconds; see `mrtr_keys.audit.shipper`)."""
+FINAL_WAIT = 5.0
+"""Seconds a flush or close waits for a full pipe to take the last frames."""
 Mode = Literal["thread", "process"]
 IDLE_INTERVAL = 0.5
-"""Seconds between wake-ups while nothing is queued (an idle sink costs almost nothing)."""
-PROCESS_IDLE_INTERVAL = 0.05
-"""The same for a process-mode shipper: a burst after an idle spell reaches the writer within 50 ms."""
+"""Seconds between thread-mode wake-ups while nothing is queued (an idle sink costs almost nothing)."""
 
 _writer_ids = itertools.count(1)
 
@@ -75,8 +73,9 @@ class AuditSink:
             `write_now` and reads, and the child opens its own connection).
         fingerprinter: fingerprints tokens (thread mode), or hands its key to the child.
         capacity: hard bound in events; `max_bytes`: hard bound in bytes; `max_wait`: seconds a
-            caller may be slowed at the high-water mark; `batch`: most events per write;
-            `interval`: writer period (s; default 0.05 for a thread, 0.005 for a process).
+            caller may be slowed at the high-water mark; `batch`: most events per write (thread
+            mode); `interval`: writer period (s; default 0.05; a process-mode background thread's
+            shortest sleep).
         mode: ``"thread"`` or ``"process"`` (see the module docstring).
         url: the store URL the child opens (process mode; default `store.url`, which has any
             password removed, so pass the real one for a password-protected PostgreSQL).
@@ -99,7 +98,7 @@ class AuditSink:
         if mode not in ("thread", "process"):
             raise ValueError("mode must be 'thread' or 'process'")
         process = mode == "process"
-        batch = batch if batch is not None else PROCESS_BATCH if process else DEFAULT_BATCH
+        batch = batch if batch is not None else DEFAULT_BATCH
         interval = interval if interval is not None else PROCESS_INTERVAL if process else DEFAULT_INTERVAL
         if batch < 1 or not interval > 0:
             raise ValueError("batch must be >= 1, interval > 0")
@@ -120,28 +119,36 @@ class AuditSink:
         self.queue = q = self._new_queue(healthy=lambda: self.healthy, wake=self._wake.set, where=self.store.url)
         self.submit = q.submit
         """Queue one `AuditItem` (`AuditQueue.submit`: slowed past the high-water mark; never raises)."""
-        self.retract = q.retract
-        """Turn a queued ``unseal ok`` item into ``unseal rejected`` with a reason (SDK capture).
-        Applied by the background thread before the item leaves this process (items are held one
-        cycle for this); if it already left, the rejection is recorded as an event of its own."""
         self._direct = DirectWriter(self.store, f"{instance_id()}#{next(_writer_ids)}")
         self._cond = threading.Condition()
         self._flush_requested = 0
         self._flush_done = 0
         self._stopping = False
         self._closed = False
-        self._held: list[AuditItem] = []
         self._retry: list[tuple[object, ...]] = []
         self._process = (
             ProcessWriter(self._url, self._fp.key_bytes(), instance_id(), self.writer, q.drop, self.store.url)
             if self.mode == "process"
             else None
         )
+        self._shipper = Shipper(q, self._process, self._wake.set, self.interval) if self._process is not None else None
         self._thread = threading.Thread(
             target=self._run, name=f"mrtr-keys-audit-{self._direct.chain.writer}", daemon=True
         )
         q.writer_thread = self._thread
         self._thread.start()
+
+    def retract(self, item: AuditItem, reason: str) -> None:
+        """Turn queued ``unseal ok`` `item` into ``unseal rejected`` with `reason` (SDK capture): in
+        place while it is queued, else (it already left) as a rejection event of its own."""
+        if not self.queue.replace(item, item.rejected(reason)):
+            self.submit(item.rejected(reason, time.time()))
+
+    def start_writer(self) -> None:
+        """Start the writer process now (process mode; else nothing): the sidecar does at start,
+        so the writer's memory is in place before traffic arrives."""
+        if self._process is not None:
+            self._process.start()
 
     def __repr__(self) -> str:
         return f"AuditSink({self.store.url!r}, mode={self.mode}, queued={self.queued}, dropped={self.dropped})"
@@ -292,32 +299,44 @@ class AuditSink:
         self.store.close()
 
     def _idle(self) -> bool:
-        return not self.queue.items and not self._held and not self._retry and not self.queue.retracts
+        return not self.queue.items and not self._retry and not (self._shipper is not None and self._shipper.backlogged)
 
     def _run(self) -> None:
+        wait = self.interval
         while True:
-            idle = self._idle() and not self._direct.unrecorded
-            self._wake.wait((PROCESS_IDLE_INTERVAL if self._process else IDLE_INTERVAL) if idle else self.interval)
+            if self._shipper is None:
+                idle = self._idle() and not self._direct.unrecorded
+                wait = IDLE_INTERVAL if idle else self.interval
+            elif self._direct.unrecorded:
+                wait = min(wait, self.interval)
+            self._wake.wait(wait)
             self._wake.clear()
             with self._cond:
                 flushing = self._flush_requested
             stop = self._stopping
+            final = stop or flushing > self._flush_done
             try:
                 self._direct.recover()
-                self._cycle(final=stop or flushing > self._flush_done)
+                if self._shipper is not None:
+                    found = len(self.queue.items)
+                    self._shipper.ship_all(FINAL_WAIT if final else self.interval, final=final)
+                    wait = self._shipper.next_wait(found)
+                else:
+                    self._cycle(final=final)
             except Exception:  # the writer must survive anything; the error is visible in last_error
                 logger.exception("audit writer failed")
             with self._cond:
                 if self._idle():
                     self._flush_done = max(self._flush_done, flushing)
                     self._cond.notify_all()
-                elif self.last_error is not None and flushing > self._flush_done:
-                    self._flush_done = flushing  # cannot write now: do not make flush() wait its timeout
+                elif (self.last_error is not None or final) and flushing > self._flush_done:
+                    self._flush_done = flushing  # cannot write it all now: do not make flush() wait its timeout
                     self._cond.notify_all()
             if stop:
                 return
 
     def _cycle(self, *, final: bool) -> None:
+        """Thread mode: append up to `batch` queued items (all of them when `final`)."""
         if self._retry:
             try:
                 self._direct.append(self._retry)
@@ -326,40 +345,12 @@ class AuditSink:
                 return
             self._retry = []
         while True:
-            retracts = self.queue.take_retracts()  # before the queue: see retract
-            current = self.queue.take(self.batch)
-            held = self._held
-            if retracts:
-                both = held + current
-                index = {id(x): i for i, x in enumerate(both)}
-                late: list[AuditItem] = []
-                for target, reason in retracts:
-                    i = index.get(id(target))
-                    if i is not None:
-                        both[i] = both[i].rejected(reason)
-                    else:  # already written as ok: record the rejection on its own
-                        late.append(target.rejected(reason, time.time()))
-                held, current = both[: len(held)], both[len(held) :]
-                if late:
-                    self.queue.charge(late)
-                    current.extend(late)
-            if final:
-                self._write(held + current)
-                self._held = []
-            else:
-                self._write(held)
-                self._held = current
-            if not final or not self.queue.items:
+            self._write(self.queue.take(self.batch))
+            if not final or not self.queue.items or self._retry:
                 return
 
     def _write(self, items: list[AuditItem]) -> None:
         if not items:
-            return
-        if self._process is not None:
-            for start in range(0, len(items), PROCESS_FRAME):
-                frame = items[start : start + PROCESS_FRAME]
-                self._process.ship(to_columns(frame), len(frame))
-                self.queue.release(frame)
             return
         values = item_values(items, instance_id(), self._fp)
         self.queue.release(items)

@@ -8,13 +8,16 @@ Protocol (all frames are a 4-byte little-endian length, then `marshal` data; `ma
 stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from our own parent):
 
 * parent -> child, on stdin: first ``(PROTOCOL, url, audit_key, instance, writer, libpq_env)``, then
-  batches ``(seq, columns)``: the items (`mrtr_keys.audit.items.AuditItem`) as one tuple per field.
+  batches ``(seq, columns)``: the items (`mrtr_keys.audit.items.AuditItem`) as one tuple per field;
+  ``(SYNC, None)`` asks for an acknowledgement as soon as every batch before it is stored (a flush).
   The audit key, the store URL (which may hold a password) and libpq's ``PG*`` variables travel
   only through this inherited pipe, never on the command line or in the environment (the child's
   environment holds only what an interpreter needs: `mrtr_keys.audit.writer.parent.child_environment`).
-* child -> parent, on its stdout: ``(seq, n, error)`` status frames: after each committed
-  transaction (``seq`` = the newest batch it covered, ``n`` = events stored, ``error`` None), and
-  ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
+* child -> parent, on its stdout: ``(seq, total, error)`` status frames: acknowledgements
+  (``seq`` = the newest batch stored, ``total`` = events stored since the child started, ``error``
+  None), sent at a ``SYNC`` and otherwise at most every `ACK_INTERVAL` seconds while something
+  is unacknowledged, so a busy parent's status thread wakes a few times a second, not once per
+  batch; and ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
   chain stays gap-free, and meanwhile stops reading, so the parent's queue fills and drops).
 
 The child exits by itself on EOF (the parent closed the pipe or died), after storing every batch
@@ -35,7 +38,9 @@ import time
 from itertools import chain
 from typing import Any
 
-PROTOCOL = 2
+PROTOCOL = 3
+SYNC = -1
+"""The seq of a parent's acknowledgement request (a frame ``(SYNC, None)``)."""
 HEADER = struct.Struct("<I")
 MAX_TX_EVENTS = 2_000
 """Most events per store transaction (queued batches are merged up to this)."""
@@ -45,6 +50,8 @@ READ_CHUNK = 1 << 20
 MAX_BUFFERED = 1 << 20
 """Bytes read ahead from the pipe before the child stops to write."""
 ORPHAN_GIVE_UP = 30.0
+ACK_INTERVAL = 0.2
+"""Most seconds between acknowledgements while batches keep arriving (seconds)."""
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
 
 
@@ -66,6 +73,10 @@ class _Frames:
     def _complete(self) -> bool:
         buf = self.buf
         return len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]
+
+    def wait(self, timeout: float) -> bool:
+        """True if a frame is buffered complete or the pipe becomes readable within `timeout` s."""
+        return self._complete() or self.eof or bool(select.select([self.fd], [], [], timeout)[0])
 
     def take(self) -> list[Any]:
         """Every complete frame (decoded), blocking until there is at least one or EOF."""
@@ -128,17 +139,29 @@ def main() -> int:
     store: Any = None
     cache: dict[str, str] = {}
     pending = first
+    stored, acked, last_seq, last_ack = 0, 0, 0, 0.0
+
+    def ack() -> None:
+        nonlocal acked, last_ack
+        _report(status_fd, last_seq, stored, None)
+        acked, last_ack = stored, time.monotonic()
+
     while True:
         if not pending:
             if frames.eof:
                 break
+            if acked < stored and not frames.wait(last_ack + ACK_INTERVAL - time.monotonic()):
+                ack()  # caught up, and nothing came within the ack interval
             pending = frames.take()
             continue
         # Merge queued batches into transactions of at most MAX_TX_EVENTS events.
         seq, columns = pending.pop(0)
+        if seq == SYNC:
+            ack()
+            continue
         batch = [columns]
         n = len(columns[0])
-        while pending and n + len(pending[0][1][0]) <= MAX_TX_EVENTS:
+        while pending and pending[0][0] != SYNC and n + len(pending[0][1][0]) <= MAX_TX_EVENTS:
             seq, columns = pending.pop(0)
             batch.append(columns)
             n += len(columns[0])
@@ -167,7 +190,12 @@ def main() -> int:
                     return 1
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
-        _report(status_fd, seq, len(values), None)
+        stored += len(values)
+        last_seq = seq
+        if time.monotonic() - last_ack >= ACK_INTERVAL:
+            ack()
+    if acked < stored:
+        ack()
     if store is not None:
         store.close()
     return 0

@@ -4,7 +4,13 @@
 URL and the audit key through its stdin (never argv or the environment), ships batches of sink
 items as `marshal` frames of columns (`mrtr_keys.audit.items.to_columns`), and runs one small
 thread that reads the child's status frames
-(acknowledgements with counts, or the store's error while it retries) and reaps it when it exits.
+(cumulative acknowledgements, or the store's error while it retries) and reaps it when it exits.
+
+The pipe is non-blocking on this side: `send` never blocks its caller (a request thread, when the
+sink ships from the submitting thread); what the pipe does not take waits in an outbox that
+`drain` writes out (the sink's background thread, which may wait there). The child acknowledges
+lazily (when it has caught up, and at least every `mrtr_keys.audit.writer.child.ACK_INTERVAL`), so
+this process's status thread wakes a few times a second under load, not once per batch.
 
 Batches shipped but not yet acknowledged when the child dies are reported to `on_exit` as lost
 (at most: the child may have stored the last one just before it died).
@@ -16,14 +22,16 @@ import contextlib
 import logging
 import marshal
 import os
+import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mrtr_keys.audit.writer.child import HEADER, PROTOCOL
+from mrtr_keys.audit.writer.child import HEADER, PROTOCOL, SYNC
 
 logger = logging.getLogger("mrtr_keys.audit")
 
@@ -118,13 +126,17 @@ class ChildWriter:
             fcntl.fcntl(self._w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
+        self._out = bytearray()
+        """Frame bytes the pipe has not taken yet (written by `drain` and the next `send`)."""
         self.sent = 0
         self.acked = 0
+        self._stored = 0
         self.error: str | None = None
         self.alive = True
         self._pending: dict[int, int] = {}
         self._errors_seen = 0
         self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer, libpq)))
+        os.set_blocking(self._w, False)
         self._thread = threading.Thread(target=self._read_status, name=f"mrtr-keys-audit-status-{writer}", daemon=True)
         self._thread.start()
 
@@ -144,9 +156,14 @@ class ChildWriter:
         while view:
             view = view[os.write(fd, view) :]
 
+    @property
+    def backlogged(self) -> bool:
+        """True while the outbox holds bytes the pipe did not take (the child is behind)."""
+        return bool(self._out)
+
     def send(self, columns: tuple[tuple[Any, ...], ...], n: int) -> int:
-        """Ship one batch of `n` items as columns (blocks while the pipe is full: the child is
-        behind). Returns its seq.
+        """Ship one batch of `n` items as columns, without blocking: what the pipe does not take
+        now stays in the outbox (`backlogged`) for `drain`. Returns its seq.
 
         Raises:
             OSError: the child is gone (the batch is not counted as pending; the caller counts it).
@@ -160,12 +177,54 @@ class ChildWriter:
                 seq = self.sent
                 self._pending[seq] = n
             try:
-                self._write(data)
+                self._out += HEADER.pack(len(data))
+                self._out += data
+                self._pump()
             except OSError:
                 with self._cond:
                     self._pending.pop(seq, None)
                 raise
             return seq
+
+    def sync(self) -> None:
+        """Ask the child to acknowledge as soon as everything sent so far is stored (`wait_acked`
+        otherwise waits for its next periodic acknowledgement).
+
+        Raises:
+            OSError: the child is gone.
+        """
+        data = marshal.dumps((SYNC, None))
+        with self._send_lock:
+            self._out += HEADER.pack(len(data))
+            self._out += data
+            self._pump()
+
+    def _pump(self) -> None:
+        out, fd = self._out, self._w
+        while out:
+            try:
+                done = os.write(fd, out)
+            except BlockingIOError:
+                return
+            except OSError:
+                out.clear()  # the child is gone: its pending batches are counted when it is reaped
+                raise
+            del out[:done]
+
+    def drain(self, timeout: float) -> bool:
+        """Write the outbox, waiting up to `timeout` seconds for the pipe to take it. True once empty.
+
+        Raises:
+            OSError: the child is gone.
+        """
+        deadline = time.monotonic() + timeout
+        with self._send_lock:
+            while True:
+                self._pump()
+                left = deadline - time.monotonic()
+                if not self._out or left <= 0:
+                    return not self._out
+                select.select([], [self._w], [], left)
 
     def wait_acked(self, seq: int, timeout: float) -> bool:
         """Wait until batch `seq` is stored. False on timeout, if the child died, or if it reported
@@ -207,7 +266,7 @@ class ChildWriter:
             self._stdout.close()
         self._on_exit(lost, f"the audit writer process {self.proc.pid} exited ({how})")
 
-    def _status(self, seq: int, count: int, error: str | None) -> None:
+    def _status(self, seq: int, total: int, error: str | None) -> None:
         if error is not None:
             with self._cond:
                 self.error = error
@@ -219,16 +278,20 @@ class ChildWriter:
             for s in [s for s in self._pending if s <= seq]:
                 del self._pending[s]
             self.acked = max(self.acked, seq)
+            count, self._stored = total - self._stored, max(self._stored, total)
             self.error = None
             self._cond.notify_all()
-        self._on_ack(count)
+        if count > 0:
+            self._on_ack(count)
 
     # -- ending -----------------------------------------------------------------------------------
 
     def close(self, timeout: float) -> bool:
-        """Close the pipe (the child stores what it has and exits); kill it after `timeout` s.
-        True if it exited by itself."""
+        """Write the outbox, close the pipe (the child stores what it has and exits); kill it after
+        `timeout` s. True if it exited by itself."""
         clean = True
+        with contextlib.suppress(OSError):
+            self.drain(timeout)
         if not self._send_lock.acquire(timeout=timeout):  # a send is stuck: the child stopped reading
             self.proc.kill()
             self._send_lock.acquire()
@@ -255,107 +318,3 @@ class ChildWriter:
                 f.close()
         self.alive = False
         _forgotten.append(self.proc)  # never reaped or waited on here
-
-
-class ProcessWriter:
-    """The sink's side of process mode: ships item batches to a `ChildWriter`, starting one when
-    there is none or the last one died (a new child is a new chain: ``WRITER/pN``), and keeps its
-    counts: `written` (events stored), `failures` and `error` (the store cannot be written now).
-
-    Args:
-        url: the store URL the child opens (may carry a password; sent through the pipe only).
-        key: the audit key. `instance`: the events' ``instance``. `writer`: the sink's chain id.
-        lose(n, why): n events will never be stored (the child died with them, or none could be
-            started). `where`: the store, for log lines (password removed).
-    """
-
-    def __init__(
-        self, url: str, key: bytes, instance: str, writer: str, lose: Callable[[int, str], None], where: str
-    ) -> None:
-        self._url, self._key, self._instance, self._writer = url, key, instance, writer
-        self._lose, self._where = lose, where
-        self.child: ChildWriter | None = None
-        self.started = 0
-        """Writer processes started (more than 1 means one died and was replaced)."""
-        self.shipped_all = True
-        """False when the last batch could not be handed to a child (flush() then fails)."""
-        self.closing = False
-        self.written = 0
-        self.failures = 0
-        self.error: str | None = None
-        self._lock = threading.Lock()
-
-    def _acked(self, n: int) -> None:
-        with self._lock:
-            self.written += n
-        self.error = None
-
-    def _failed(self, message: str) -> None:
-        first, self.error = self.error != message, message
-        self.failures += 1
-        if first:
-            logger.warning("audit store write failed (%s); the writer process retries (store %s)", message, self._where)
-
-    @property
-    def pid(self) -> int | None:
-        child = self.child
-        return child.pid if child is not None and child.alive else None
-
-    def ship(self, columns: tuple[tuple[Any, ...], ...], n: int) -> None:
-        """Send one batch of `n` items as columns (`mrtr_keys.audit.items.to_columns`); blocks
-        while the child's pipe is full (it is behind)."""
-        child = self.child
-        if child is None or not child.alive:
-            try:
-                child = self.child = self._spawn()
-            except Exception as exc:  # cannot start a writer: the batch is lost, and said so
-                message = f"cannot start the audit writer process: {exc}"
-                self._failed(message)
-                self._lose(n, message)
-                self.shipped_all = False
-                return
-        try:
-            child.send(columns, n)
-        except OSError:  # died since the check; _exited counts what it had, this batch is ours
-            self._lose(n, "the audit writer process has exited")
-            self.shipped_all = False
-            return
-        self.shipped_all = True
-
-    def _spawn(self) -> ChildWriter:
-        self.started += 1
-        return ChildWriter(
-            self._url,
-            self._key,
-            instance=self._instance,
-            writer=f"{self._writer}/p{self.started}",
-            on_ack=self._acked,
-            on_error=self._failed,
-            on_exit=self._exited,
-        )
-
-    def _exited(self, lost: int, message: str) -> None:
-        if self.closing and not lost:
-            return  # close(): the child ended because we closed its pipe
-        self._failed(f"{message}; {lost} events lost" if lost else message)
-        if lost:
-            self._lose(lost, message)
-
-    def wait_acked(self, timeout: float) -> bool:
-        """True once everything shipped so far is stored (False on timeout, death or store error)."""
-        child = self.child
-        if child is None:
-            return self.shipped_all
-        return child.wait_acked(child.sent, timeout) and self.shipped_all
-
-    def close(self, timeout: float) -> None:
-        self.closing = True
-        child, self.child = self.child, None
-        if child is not None:
-            child.close(timeout)
-
-    def forget(self) -> None:
-        """In a forked child: drop the inherited child without touching it."""
-        child, self.child = self.child, None
-        if child is not None:
-            child.forget()
