@@ -15,7 +15,7 @@ from typing import Literal
 
 from mrtr_keys.audit import sdk_capture
 from mrtr_keys.audit.events import OK, REJECTED
-from mrtr_keys.audit.items import AuditItem
+from mrtr_keys.audit.items import new_item
 from mrtr_keys.audit.registry import shared_sink
 from mrtr_keys.audit.sink import AuditSink
 
@@ -23,7 +23,7 @@ logger = logging.getLogger("mrtr_keys.audit")
 _now = time.time
 _local = sdk_capture.local
 _CODEC_REJECTED = sdk_capture.CODEC_REJECTED
-_Item = AuditItem
+_new = new_item
 
 
 class AuditObserver:
@@ -48,16 +48,16 @@ class AuditObserver:
         return f"AuditObserver(audience={self.audience!r}, store={self.sink.store.url!r})"
 
     def sealed(self, kid: str, token: str) -> None:
-        self.sink.submit(_Item("seal", OK, kid, token, None, _now(), self.audience, self.generation, None, None))
+        self.sink.submit(_new(("seal", OK, kid, token, None, _now(), self.audience, self.generation, None, None)))
 
     def unsealed(self, kid: str, token: str) -> None:
-        item = _Item("unseal", OK, kid, token, None, _now(), self.audience, self.generation, None, None)
+        item = _new(("unseal", OK, kid, token, None, _now(), self.audience, self.generation, None, None))
         self.sink.submit(item)
         _local.last = (self, item)
 
     def rejected(self, kid: str | None, token: str, reason: str) -> None:
         self.sink.submit(
-            _Item("unseal", REJECTED, kid, token, reason, _now(), self.audience, self.generation, None, None)
+            _new(("unseal", REJECTED, kid, token, reason, _now(), self.audience, self.generation, None, None))
         )
         _local.last = _CODEC_REJECTED
 

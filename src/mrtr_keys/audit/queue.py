@@ -42,7 +42,7 @@ within microseconds, so it is among the last few)."""
 
 
 def _cost(items: Sequence[AuditItem]) -> int:
-    return ITEM_OVERHEAD_BYTES * len(items) + sum(len(x.token) for x in items if x.token is not None)
+    return ITEM_OVERHEAD_BYTES * len(items) + sum(map(len, filter(None, [x[3] for x in items])))
 
 
 class AuditQueue:
@@ -88,7 +88,10 @@ class AuditQueue:
         """Callers made to wait at the high-water mark."""
         self.writer_thread: threading.Thread | None = None
         """The writer's own thread (never made to wait)."""
-        self._space = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        """`_lock` guards the counts; `submit`'s fast path takes it directly (a C call), the rest
+        through this condition."""
         self._waiters = 0
         self._stalled = False
         self._drop_lock = threading.Lock()
@@ -106,7 +109,7 @@ class AuditQueue:
             item = item._replace(token=token[:TOKEN_KEEP])
             token = item.token
         cost = ITEM_OVERHEAD_BYTES + (len(token) if token is not None else 0)
-        with self._space:
+        with self._lock:
             if self.n < self.high_water and self.bytes + cost <= self.high_bytes:
                 items = self.items
                 items.append(item)
@@ -183,11 +186,13 @@ class AuditQueue:
             self.n += len(items)
             self.bytes += cost
 
-    def release(self, items: Sequence[AuditItem]) -> None:
-        """`items` left this process's memory (shipped or written): uncharge them; wake waiters."""
+    def release(self, items: Sequence[AuditItem], cost: int | None = None) -> None:
+        """`items` left this process's memory (shipped or written): uncharge them (`cost`: their
+        `_cost`, if the caller has it); wake waiters."""
         if not items:
             return
-        cost = _cost(items)
+        if cost is None:
+            cost = _cost(items)
         with self._space:
             self.n -= len(items)
             self.bytes -= cost

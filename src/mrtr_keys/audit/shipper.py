@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mrtr_keys.audit.items import AuditItem, to_columns
+from mrtr_keys.audit.items import ITEM_OVERHEAD_BYTES, AuditItem, to_columns
 from mrtr_keys.audit.queue import AuditQueue
 from mrtr_keys.audit.writer.process import ProcessWriter
 
@@ -57,8 +57,9 @@ class Shipper:
         queue.on_ready = self.ship_inline
 
     def _send(self, items: list[AuditItem]) -> None:
-        self.process.ship(to_columns(items), len(items))
-        self.queue.release(items)
+        columns = to_columns(items)
+        self.process.ship(columns, len(items))
+        self.queue.release(items, ITEM_OVERHEAD_BYTES * len(items) + sum(map(len, filter(None, columns[3]))))
 
     def ship_inline(self) -> None:
         """Ship from the submitting thread: frames while `SHIP_AT` items are queued (at least one);

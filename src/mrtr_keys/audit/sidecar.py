@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Literal
 
-from mrtr_keys.audit.items import AuditItem
+from mrtr_keys.audit.items import new_item
 from mrtr_keys.audit.registry import shared_sink
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.errors import AuditError
@@ -56,7 +56,8 @@ class SidecarAudit:
                 raise AuditError(f"the audit store cannot be written: {sink.last_error}")
             if sink.congested:
                 raise AuditError("the audit writer is behind (queue past its high-water mark)")
-        self._submit(AuditItem(op, outcome, kid, token, reason, _now(), audience, self.generation, client, duration_ms))
+        item = (op, outcome, kid, token, reason, _now(), audience, self.generation, client, duration_ms)
+        self._submit(new_item(item))
 
     def ring_loaded(self, generation: int, kid: str | None = None) -> None:
         """Record (synchronously, once per generation: `AuditSink.ring_loaded`) that this sidecar
