@@ -24,7 +24,7 @@ from mrtr_keys.audit.items import ITEM_OVERHEAD_BYTES, AuditItem, to_columns
 from mrtr_keys.audit.queue import AuditQueue
 from mrtr_keys.audit.writer.process import ProcessWriter
 
-FRAME = 2_000
+FRAME = 1_000
 """Most events per frame sent to the writer process (small frames keep its memory flat)."""
 SHIP_AT = 512
 """Queued items at which the submitting thread ships a frame."""

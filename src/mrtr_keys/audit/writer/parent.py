@@ -177,9 +177,7 @@ class ChildWriter:
                 seq = self.sent
                 self._pending[seq] = n
             try:
-                self._out += HEADER.pack(len(data))
-                self._out += data
-                self._pump()
+                self._push(HEADER.pack(len(data)) + data)
             except OSError:
                 with self._cond:
                     self._pending.pop(seq, None)
@@ -195,9 +193,21 @@ class ChildWriter:
         """
         data = marshal.dumps((SYNC, None))
         with self._send_lock:
-            self._out += HEADER.pack(len(data))
-            self._out += data
+            self._push(HEADER.pack(len(data)) + data)
+
+    def _push(self, frame: bytes) -> None:
+        """Write `frame` after the outbox; what the pipe does not take joins the outbox (so the
+        common case, an empty outbox and room in the pipe, copies nothing)."""
+        if self._out:
+            self._out += frame
             self._pump()
+            return
+        try:
+            done = os.write(self._w, frame)
+        except BlockingIOError:
+            done = 0
+        if done < len(frame):
+            self._out += memoryview(frame)[done:]
 
     def _pump(self) -> None:
         out, fd = self._out, self._w
