@@ -1,0 +1,118 @@
+"""Process mode's shipping (`mrtr_keys.audit.shipper`): the submitting threads ship, events still
+arrive without a flush, a retraction finds its item, and a stopped writer never blocks a caller.
+
+Rules: our own decisions, stated in `mrtr_keys.audit.shipper` and `mrtr_keys.audit.queue`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mrtr_keys.audit.items import AuditItem, new_item
+from mrtr_keys.audit.shipper import MAX_WAIT, SHIP_AT
+from mrtr_keys.audit.sink import AuditSink
+from mrtr_keys.audit.stores.base import Query
+
+
+def _item(i: int, op: str = "seal", size: int = 0) -> AuditItem:
+    token = f"mk1.token{i}" + "x" * size
+    return new_item((op, "ok", "abcd1234", token, None, time.time(), "svc", 1, "web", 0.5))
+
+
+def _wait_count(sink: AuditSink, n: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        have = sink.store.count()
+        if have >= n or time.monotonic() > deadline:
+            return have
+        time.sleep(0.05)
+
+
+def test_a_built_item_is_an_audit_item_with_its_fields_in_order() -> None:
+    item = new_item(("unseal", "rejected", "k", "t", "seal", 1.5, "aud", 3, "c", 0.25))
+    assert isinstance(item, AuditItem)
+    assert item == AuditItem("unseal", "rejected", "k", "t", "seal", 1.5, "aud", 3, "c", 0.25)
+    assert (item.op, item.reason, item.generation) == ("unseal", "seal", 3)
+
+
+def test_a_burst_of_events_reaches_the_store_without_a_flush(
+    tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    """The submitting thread ships whole frames; the rest follows within the background thread's
+    longest sleep, with nobody calling flush()."""
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    n = 3 * SHIP_AT + 17
+    for i in range(n):
+        sink.submit(_item(i))
+    assert _wait_count(sink, n, timeout=10 * MAX_WAIT + 10) == n
+    deadline = time.monotonic() + 10
+    while sink.written < n and time.monotonic() < deadline:  # acknowledged lazily, within ACK_INTERVAL
+        time.sleep(0.05)
+    assert sink.dropped == 0 and sink.written == n
+
+
+def test_a_trickle_of_events_reaches_the_store_without_a_flush(
+    tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    for i in range(5):
+        sink.submit(_item(i))
+        time.sleep(0.02)
+    assert _wait_count(sink, 5, timeout=10 * MAX_WAIT + 10) == 5
+
+
+def test_a_retraction_replaces_its_queued_item_and_a_late_one_is_an_event_of_its_own(
+    tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    early = _item(1, "unseal")
+    sink.submit(early)
+    sink.retract(early, "request binding")  # still queued: replaced in place
+    late = _item(2, "unseal")
+    sink.submit(late)
+    assert sink.flush(30)
+    sink.retract(late, "expired")  # already stored: recorded as a rejection of its own
+    assert sink.flush(30)
+    rows = [(r.event.op, r.event.outcome, r.event.reason) for r in sink.store.query(Query())]
+    assert rows == [
+        ("unseal", "rejected", "request binding"),
+        ("unseal", "ok", None),
+        ("unseal", "rejected", "expired"),
+    ]
+
+
+def test_a_stopped_writer_never_blocks_a_caller_and_everything_queued_is_stored_once_it_resumes(
+    tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    """With the writer process stopped (SIGSTOP), the pipe fills and the submitting threads keep
+    going (non-blocking writes; past the high-water mark they are slowed at most `max_wait`)."""
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process", max_wait=0.2)
+    sink.submit(_item(0))
+    assert sink.flush(30)
+    child = sink.child_pid
+    assert child is not None
+    os.kill(child, signal.SIGSTOP)
+    try:
+        submitted = 1
+        done = threading.Event()
+
+        def produce() -> None:
+            nonlocal submitted
+            for i in range(1, 8_001):  # 32 MB of tokens: past the pipe, the outbox and the queue's bound
+                sink.submit(_item(i, size=4_000))
+                submitted += 1
+            done.set()
+
+        threading.Thread(target=produce, daemon=True).start()
+        assert done.wait(60), "a caller was blocked by a stopped writer"
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert sink.flush(60)
+    assert sink.dropped > 0  # the stop was felt: the queue reached its bound
+    assert sink.store.count() + sink.dropped == submitted
+    assert sink.written == sink.store.count()
