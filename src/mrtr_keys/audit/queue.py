@@ -153,18 +153,20 @@ class AuditQueue:
 
     def take(self, n: int) -> list[AuditItem]:
         """Pop the `n` oldest items (still charged until `release`)."""
-        return list(starmap(self.items.popleft, repeat((), min(n, len(self.items)))))
+        with self._lock:
+            return list(starmap(self.items.popleft, repeat((), min(n, len(self.items)))))
 
     def take_settled(self, n: int, *, keep: int = 0, before: float = float("inf")) -> list[AuditItem]:
         """Pop up to `n` of the oldest items, leaving the newest `keep` and every item from
         `before` on (POSIX time) queued, so that a `replace` right after a submit finds its item."""
         items = self.items
-        k = min(n, len(items) - keep)
-        if k <= 0:
-            return []
-        if items[k - 1].time >= before:
-            k = next((i for i, x in enumerate(items) if i >= k or x.time >= before), k)
-        return list(starmap(items.popleft, repeat((), k)))
+        with self._lock:  # against `replace`, which walks the deque
+            k = min(n, len(items) - keep)
+            if k <= 0:
+                return []
+            if items[k - 1].time >= before:
+                k = next((i for i, x in enumerate(items) if i >= k or x.time >= before), k)
+            return list(starmap(items.popleft, repeat((), k)))
 
     def replace(self, old: AuditItem, new: AuditItem) -> bool:
         """Put `new` in the place of queued `old` (the same object; searched among the newest
