@@ -4,8 +4,9 @@ One sidecar worker (so its RSS is one process's), a local ring. Operations are d
 through the batch endpoints (seal a batch, unseal the tokens just made), so a million
 operations take minutes, not hours. RSS is read from /proc (the worker and every
 descendant, including the audit writer process, which the sidecar starts from a thread: its
-pid is listed under that thread's ``/proc/PID/task/TID/children``, not the main thread's)
-after 1k operations (warm: imports, first allocations done) and at the end, with a few
+pid is listed under that thread's ``/proc/PID/task/TID/children``, not the main thread's; the
+sidecar starts it at start-up) after 1k operations (warm: imports, first allocations done) and at
+the end, with a few
 checkpoints between. Bound: growth below `BOUND_MB`. The note says whether the audit log was
 on (the sidecar's default, ``MRTR_KEYS_AUDIT`` unset), splits the growth between the sidecar
 process and its audit writer, and gives the audit queue's high-water mark and drops (scraped
