@@ -124,6 +124,32 @@ class AuditQueue:
         elif ready and self.on_ready is not None:
             self.on_ready()
 
+    def submit_many(self, items: list[AuditItem]) -> None:
+        """Queue `items` in order (a batch request's events) under one lock; past the high-water
+        mark, or with a token over the cap, item by item as `submit` does. Never raises."""
+        tokens = [x[3] for x in items]
+        lengths = list(map(len, filter(None, tokens)))
+        if not items or max(lengths, default=0) > TOKEN_KEEP:
+            for item in items:
+                self.submit(item)
+            return
+        cost = ITEM_OVERHEAD_BYTES * len(items) + sum(lengths)
+        with self._lock:
+            if self.n + len(items) <= self.high_water and self.bytes + cost <= self.high_bytes:
+                queue = self.items
+                queue.extend(items)
+                self.n += len(items)
+                self.bytes += cost
+                k = len(queue)
+                ready = k >= self.ship_at or (k > self.ship_keep and items[-1].time - queue[0].time >= self.ship_delay)
+            else:
+                ready = None
+        if ready is None:
+            for item in items:
+                self.submit(item)
+        elif ready and self.on_ready is not None:
+            self.on_ready()
+
     def _submit_congested(self, item: AuditItem, cost: int) -> None:
         deadline = 0.0
         with self._space:

@@ -59,6 +59,13 @@ class SidecarAudit:
         item = (op, outcome, kid, token, reason, _now(), audience, self.generation, client, duration_ms)
         self._submit(new_item(item))
 
+    def record_many(self, op: str, client: str | None, events: list[tuple[Any, ...]]) -> None:
+        """Queue one event per tuple ``(audience, kid, outcome, reason, token, duration_ms, time)``
+        (a batch request's items, in order) under one lock. The sidecar uses this for batches only
+        when not strict (strict mode checks the writer before each item, `__call__`)."""
+        gen = self.generation
+        self.sink.submit_many([new_item((op, o, k, t, r, ts, a, gen, client, d)) for a, k, o, r, t, d, ts in events])
+
     def ring_loaded(self, generation: int, kid: str | None = None) -> None:
         """Record (synchronously, once per generation: `AuditSink.ring_loaded`) that this sidecar
         now serves `generation`.

@@ -119,6 +119,8 @@ class AuditSink:
         self.queue = q = self._new_queue(healthy=lambda: self.healthy, wake=self._wake.set, where=self.store.url)
         self.submit = q.submit
         """Queue one `AuditItem` (`AuditQueue.submit`: slowed past the high-water mark; never raises)."""
+        self.submit_many = q.submit_many
+        """Queue a list of `AuditItem` in order under one lock (`AuditQueue.submit_many`)."""
         self._direct = DirectWriter(self.store, f"{instance_id()}#{next(_writer_ids)}")
         self._cond = threading.Condition()
         self._flush_requested = 0

@@ -310,6 +310,11 @@ class SidecarCore(RingLifecycle):
         with_codec = self._seal_with if seal else self._unseal_with
         codecs = self.ring.snapshot.codecs
         sink = self.audit
+        # Not strict: the batch's events are queued together at the end (one lock); strict checks
+        # the writer before each item, so a refused item stops the batch.
+        many = None if sink is None or self.strict_audit else getattr(sink, "record_many", None)
+        events: list[tuple[Any, ...]] = []
+        clock, wall = time.perf_counter, time.time
         name = client.name
         tally: dict[tuple[str, str], int] = {}
         results: list[dict[str, Any]] = []
@@ -332,14 +337,26 @@ class SidecarCore(RingLifecycle):
                     outcome,
                 )
                 tally[key] = tally.get(key, 0) + 1
-                if sink is not None:
+                if many is not None:
+                    ms = (clock() - t0) * 1000.0
+                    events.append((out.audience, out.kid, outcome, out.reason, out.token, ms, wall()))
+                elif sink is not None:
                     self._audit(sink, op, name, out, t0)
                 append(out.body if out.detail is None else result_item(out))
         finally:
             count = self.metrics.count
             for (audience, outcome), n in tally.items():
                 count(op, audience, outcome, n)
+            if events:
+                self._audit_many(many, op, name, events)
         return results
+
+    def _audit_many(self, many: Any, op: str, client: str, events: list[tuple[Any, ...]]) -> None:
+        """A batch's events at once (not strict: a failure loses them, with one log line)."""
+        try:
+            many(op, client, events)
+        except Exception as exc:
+            self._audit_log("audit sink failed, %d events lost: %s: %s", len(events), type(exc).__name__, exc)
 
     async def seal(self, scope: Scope, receive: Receive) -> Result:
         return await self._one("seal", "/v1/seal", scope, receive)
