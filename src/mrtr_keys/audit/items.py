@@ -80,7 +80,8 @@ def item_rows(
     `cache` (token -> fingerprint, for tokens a codec minted or accepted) saves the second HMAC
     when a batch holds both the seal and the unseal of one token; the caller bounds its size.
     Times are formatted as `mrtr_keys.audit.events.format_ts` does, the date and time of day
-    once per second of events. One loop, one tuple per event: this is the writer's hot path.
+    once per second of events; durations are rounded as `round_ms` says. One loop, one tuple per
+    event: this is the writer's hot path.
     """
     fp_ok = fingerprinter.fingerprint_canonical
     fp_any = fingerprinter.fingerprint
@@ -102,11 +103,12 @@ def item_rows(
             fp = fp_any(token)
         sec = int(ts)
         if sec != last_sec:
-            last_sec, prefix = sec, fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+            # "...T12:34:56.%06dZ": one %-format per event completes it.
+            last_sec, prefix = sec, fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S.%%06dZ")
         micros = int((ts - sec) * 1_000_000)
         append(
             (
-                f"{prefix}{micros if micros < 999_999 else 999_999:06d}Z",
+                prefix % (micros if micros < 999_999 else 999_999),
                 instance,
                 client,
                 audience,
@@ -116,7 +118,7 @@ def item_rows(
                 reason,
                 fp,
                 generation,
-                None if dur is None else round(float(dur), 3),
+                None if dur is None else round_ms(dur),
                 writer,
                 seq,
                 "",
@@ -125,3 +127,22 @@ def item_rows(
         )
         seq += 1
     return out
+
+
+def round_ms(duration: float) -> float:
+    """`duration` (milliseconds) as stored: ``round(float(duration), 3)`` (microsecond resolution).
+
+    The same float, computed without `round`'s decimal conversion when that cannot change it: for
+    a float in (0, 1e9), ``y = duration * 1000`` is below 2**40, so within 2**-14 (0.00006) of the
+    exact product; when ``y`` is more than 0.0001 from a half-integer, the integer ``n`` nearest
+    to it is the one nearest to the exact product (the one `round` picks), and ``n / 1000`` (two
+    exact doubles, one correctly rounded division) is the double nearest to ``n`` thousandths,
+    which is what `round` returns. Anything else (an int, zero or -0.0, a negative, NaN, infinity,
+    a product within 0.0001 of a tie) goes to `round`.
+    """
+    if duration.__class__ is float and 0.0 < duration < 1e9:
+        y = duration * 1000.0
+        n = round(y)
+        if -0.4999 < y - n < 0.4999:
+            return n / 1000
+    return round(float(duration), 3)
