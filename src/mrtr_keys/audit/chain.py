@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.audit.events import AuditEvent, format_ts
+from mrtr_keys.audit.row_repr import rows_repr
 from mrtr_keys.errors import ConfigError
 
 GENESIS = "0" * 64
@@ -112,8 +113,8 @@ def hash_values(prev_hash: str, writer: str, seq: int, values: tuple[object, ...
 def batch_hash(prev_hash: str, rows: list[tuple[object, ...]]) -> str:
     """SHA-256 (hex) of `prev_hash` + ``repr(rows)``: one batch's link. `rows` are in SQL column
     order (`FIELDS`, writer, seq, prev_hash, hash) with empty ``prev_hash`` and ``hash``; `repr`
-    of a list of tuples of str/int/float/None is unambiguous and one C call for the batch."""
-    return hashlib.sha256((prev_hash + repr(rows)).encode("utf-8", "surrogatepass")).hexdigest()
+    of a list of tuples of str/int/float/None is unambiguous (built by `rows_repr`, the same text)."""
+    return hashlib.sha256((prev_hash + rows_repr(rows)).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _unlinked_row(r: Record) -> tuple[object, ...]:
