@@ -69,3 +69,21 @@ def test_the_documented_queue_bounds_are_the_codes() -> None:
     assert f"at most {DEFAULT_MAX_WAIT:g} s" in doc
     assert f"transactions of up to {MAX_TX_EVENTS:,}".replace(",", " ") in doc
     assert "`kill -9`" in doc and "loses" in doc
+
+
+def _spaced(n: int) -> str:
+    """`n` with a space between thousands, as docs/audit.md writes numbers."""
+    return f"{n:,}".replace(",", " ")
+
+
+def test_the_documented_shipping_figures_are_the_codes() -> None:
+    from mrtr_keys.audit.shipper import FRAME, KEEP, MAX_WAIT, SHIP_AT, SHIP_DELAY
+    from mrtr_keys.audit.writer.child import ACK_INTERVAL
+    from mrtr_keys.token import MAX_TOKEN_CHARS
+
+    doc = " ".join((Path(__file__).parents[2] / "docs" / "audit.md").read_text().split())
+    assert f"the token cap, {MAX_TOKEN_CHARS >> 20} MiB ({_spaced(MAX_TOKEN_CHARS)} characters)" in doc
+    assert f"queues the {SHIP_AT}th item, or an item while the oldest has waited {SHIP_DELAY * 1000:g} ms" in doc
+    assert f"(up to {_spaced(FRAME)} items, leaving the newest {KEEP} queued" in doc
+    assert "backing off to once a second" in doc and MAX_WAIT == 1.0
+    assert f"at most every {ACK_INTERVAL:g} s" in doc
