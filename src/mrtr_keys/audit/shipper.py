@@ -63,14 +63,15 @@ class Shipper:
 
     def ship_inline(self) -> None:
         """Ship from the submitting thread: frames while `SHIP_AT` items are queued (at least one);
-        never waits: if another thread is shipping or the pipe is full, returns at once."""
+        never waits: if another thread is shipping, the pipe is full or no writer process runs
+        (the background thread starts one), returns at once."""
         if not self._lock.acquire(blocking=False):
             return
         try:
             q, process = self.queue, self.process
             while True:
-                if process.backlogged:
-                    self._wake()  # the background thread waits on the pipe; callers do not
+                if process.backlogged or process.pid is None:
+                    self._wake()  # the background thread waits on the pipe or starts a writer; callers do not
                     return
                 items = q.take_settled(FRAME, keep=KEEP)
                 if not items:
