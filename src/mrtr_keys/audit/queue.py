@@ -77,6 +77,8 @@ class AuditQueue:
         self._healthy, self._wake, self._where = healthy, wake, where
         self.on_ready = on_ready
         self.ship_at, self.ship_delay, self.ship_keep = ship_at, ship_delay, 0
+        self.paused = False
+        """True while `on_ready` would find nothing to do (the writer's pipe is full): not called."""
         self.items: deque[AuditItem] = deque()
         self.n = 0
         """Events charged: queued, held back one cycle, or being handed to the writer."""
@@ -121,7 +123,7 @@ class AuditQueue:
                 ready = None
         if ready is None:
             self._submit_congested(item, cost)
-        elif ready and self.on_ready is not None:
+        elif ready and self.on_ready is not None and not self.paused:
             self.on_ready()
 
     def submit_many(self, items: list[AuditItem]) -> None:
@@ -147,7 +149,7 @@ class AuditQueue:
         if ready is None:
             for item in items:
                 self.submit(item)
-        elif ready and self.on_ready is not None:
+        elif ready and self.on_ready is not None and not self.paused:
             self.on_ready()
 
     def _submit_congested(self, item: AuditItem, cost: int) -> None:

@@ -71,7 +71,8 @@ class Shipper:
             q, process = self.queue, self.process
             while True:
                 if process.backlogged or process.pid is None:
-                    self._wake()  # the background thread waits on the pipe or starts a writer; callers do not
+                    q.paused = True  # until the background thread, which waits on the pipe or starts a writer, is done
+                    self._wake()
                     return
                 items = q.take_settled(FRAME, keep=KEEP)
                 if not items:
@@ -90,20 +91,23 @@ class Shipper:
         before = float("inf") if final else time.time() - SETTLE
         with self._lock:
             q, process = self.queue, self.process
-            while True:
-                if process.backlogged:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not process.drain(min(left, DRAIN_SLICE)):
-                        if time.monotonic() >= deadline:
-                            return False
-                        continue
-                items = q.take_settled(FRAME, before=before)
-                if not items:
-                    if final:
-                        process.sync()
-                        process.drain(max(0.0, deadline - time.monotonic()))
-                    return not process.backlogged and not q.items
-                self._send(items)
+            try:
+                while True:
+                    if process.backlogged:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not process.drain(min(left, DRAIN_SLICE)):
+                            if time.monotonic() >= deadline:
+                                return False
+                            continue
+                    items = q.take_settled(FRAME, before=before)
+                    if not items:
+                        if final:
+                            process.sync()
+                            process.drain(max(0.0, deadline - time.monotonic()))
+                        return not process.backlogged and not q.items
+                    self._send(items)
+            finally:
+                q.paused = process.backlogged  # submitting threads ship again once the pipe takes frames
 
     def next_wait(self, found: int) -> float:
         """The background thread's next sleep (seconds), given that it `found` items to ship on
