@@ -10,6 +10,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -20,6 +21,7 @@ from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
+from tests.support.proxy import CountingProxy
 
 
 def _gone(pid: int, timeout: float = 10.0) -> bool:
@@ -182,3 +184,40 @@ def test_no_secret_reaches_the_writer_process_through_its_environment_or_command
         assert [r.event.kid for r in sink.store.query(Query(op="seal"))] == ["aaaaaaaa"]
     finally:
         sink.close()
+
+
+def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with_every_event(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """While the store is gone the writer retries one transaction and has the next one built: when
+    the store is back, every event is stored once, in order, on one chain that verifies."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
+        try:
+            for i in range(3_000):
+                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+            assert sink.flush(timeout=30)
+            proxy.stop()
+            for i in range(3_000, 9_000):  # several transactions' worth
+                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+            sink.flush(timeout=0.1)  # ship now; the writer reports the store unwritable
+            deadline = time.monotonic() + 30
+            while sink.healthy and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not sink.healthy
+            proxy.start()
+            assert sink.flush(timeout=60)
+            assert sink.dropped == 0 and sink.healthy
+        finally:
+            sink.close()
+    store = open_store(postgres_url)
+    try:
+        records = list(store.records())
+    finally:
+        store.close()
+    assert [r.event.generation for r in records] == list(range(9_000))
+    assert [r.seq for r in records] == list(range(1, 9_001))
+    assert {r.writer for r in records} == {f"{sink.writer}/p1"}
+    assert verify(records).ok

@@ -34,6 +34,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 from itertools import chain
 from typing import Any
@@ -53,6 +54,8 @@ ORPHAN_GIVE_UP = 30.0
 ACK_INTERVAL = 0.2
 """Most seconds between acknowledgements while batches keep arriving (seconds)."""
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
+OVERLAP_SCHEMES = frozenset({"postgresql", "postgres"})
+"""Store URL schemes whose appends run in a second thread while the next transaction is built (`main`)."""
 
 
 class _Frames:
@@ -111,8 +114,153 @@ def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, (AuditError, ConfigError)) else f"{type(exc).__name__}: {exc}"
 
 
+_Handed = tuple[int, list[tuple[object, ...]] | None]
+"""A unit of the store's work: ``(seq, rows)``, a transaction whose newest batch is `seq`;
+``(SYNC, None)``, an acknowledgement request; or `_STOP` (to a store thread: the reader saw EOF)."""
+_STOP: _Handed = (0, None)
+
+
+class _Storer:
+    """Links each transaction into the chain and stores it, in the order given, retrying the same
+    rows while the store fails; acknowledges as the module docstring says.
+
+    The chain is linked here only, right before the append that stores it: a failed append is
+    rolled back (`ChainWriter.rollback`) and the same rows are linked again on the next try, so
+    chain order is storage order and a failure leaves no gap and no fork."""
+
+    def __init__(self, url: str, writer: str, status_fd: int, parent: int) -> None:
+        from mrtr_keys.audit.chain import ChainWriter
+
+        self.url, self.status_fd, self.parent = url, status_fd, parent
+        self.links = ChainWriter(writer)
+        self.store: Any = None
+        self.stored = self.acked = self.last_seq = 0
+        self.last_ack = 0.0
+
+    def ack(self) -> None:
+        _report(self.status_fd, self.last_seq, self.stored, None)
+        self.acked, self.last_ack = self.stored, time.monotonic()
+
+    def ack_due(self) -> float | None:
+        """Seconds until an idle writer should acknowledge (None: everything is acknowledged)."""
+        return None if self.acked == self.stored else max(0.0, self.last_ack + ACK_INTERVAL - time.monotonic())
+
+    def handle(self, item: _Handed) -> bool:
+        """Store one transaction or answer a ``SYNC``. False if the parent is gone and the store
+        stayed unwritable for `ORPHAN_GIVE_UP` seconds (the writer then exits)."""
+        seq, rows = item
+        if rows is None:
+            self.ack()
+            return True
+        if not self._append(rows):
+            return False
+        self.stored += len(rows)
+        self.last_seq = seq
+        if time.monotonic() - self.last_ack >= ACK_INTERVAL:
+            self.ack()
+        return True
+
+    def finish(self) -> None:
+        """Acknowledge what is stored and close the store (at EOF, after the last transaction)."""
+        if self.acked < self.stored:
+            self.ack()
+        if self.store is not None:
+            self.store.close()
+
+    def serve(self, slot: _Slot) -> None:
+        """The store thread: handle what `slot` hands over until `_STOP` (see `main`)."""
+        status = 1  # unless it stops as asked
+        try:
+            while True:
+                item = slot.get(self.ack_due())
+                if item is None:  # caught up, and nothing came within the ack interval
+                    self.ack()
+                elif item is _STOP:
+                    break
+                elif not self.handle(item):
+                    return
+            self.finish()
+            status = 0
+        finally:
+            slot.end(status)
+
+    def _append(self, rows: list[tuple[object, ...]]) -> bool:
+        from mrtr_keys.audit.stores.url import open_store
+
+        delay, failing_since = RETRY_MIN, 0.0
+        while True:
+            try:
+                if self.store is None:
+                    self.store = open_store(self.url)
+                linked = self.links.link_rows(rows)
+                try:
+                    self.store.append_rows(linked)
+                except BaseException:
+                    self.links.rollback()
+                    raise
+                return True
+            except Exception as exc:
+                _report(self.status_fd, 0, 0, _describe(exc))
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if os.getppid() != self.parent and now - failing_since > ORPHAN_GIVE_UP:
+                    print(f"mrtr-keys audit writer: parent gone, giving up on {len(rows)} events", file=sys.stderr)
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+
+
+class _Slot:
+    """Where a built transaction waits for the store thread: at most one item; `ended` is set (with
+    the thread's exit status) when the store thread stops, after which nothing more is taken."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._item: _Handed | None = None
+        self.ended: int | None = None
+
+    def wait_free(self) -> bool:
+        """Block until the slot is empty (the store thread took the last item). False if it ended."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._item is None or self.ended is not None)
+            return self.ended is None
+
+    def put(self, item: _Handed) -> bool:
+        """Hand `item` over once the slot is empty. False if the store thread has ended."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._item is None or self.ended is not None)
+            if self.ended is not None:
+                return False
+            self._item = item
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float | None) -> _Handed | None:
+        """The next item, waiting at most `timeout` seconds (None: without limit); None on timeout."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._item is not None, timeout):
+                return None
+            item, self._item = self._item, None
+            self._cond.notify_all()
+            return item
+
+    def end(self, status: int) -> None:
+        with self._cond:
+            self.ended = status
+            self._cond.notify_all()
+
+
 def main() -> int:
-    """Serve one parent until EOF (see the module docstring). Returns the exit status."""
+    """Serve one parent until EOF (see the module docstring). Returns the exit status.
+
+    This thread reads frames, fingerprints and builds the rows of each transaction; a `_Storer`
+    links and stores them, in order. For PostgreSQL (`OVERLAP_SCHEMES`) it does so in a second
+    thread while this one builds the next transaction: its append mostly waits for the server,
+    with the interpreter lock released. SQLite and JSONL appends run here: they hold the lock
+    for most of their time (binding every value), and handing them to another thread only added
+    CPU time (docs/audit.md). At most one transaction is being stored and one built or waiting;
+    while the store fails, the reader stops at the handover and stops reading.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the status pipe
@@ -128,36 +276,40 @@ def main() -> int:
     _, url, key, instance, writer, libpq = hello
     os.environ.update(libpq)  # for libpq only; not in this process's /proc/PID/environ
 
-    from mrtr_keys.audit.chain import ChainWriter
     from mrtr_keys.audit.fingerprint import Fingerprinter
     from mrtr_keys.audit.items import item_rows
-    from mrtr_keys.audit.stores.url import open_store
 
     fingerprinter = Fingerprinter(key)
     del key
-    links = ChainWriter(writer)
-    store: Any = None
+    storer = _Storer(url, writer, status_fd, parent)
+    slot: _Slot | None = None
+    if url.partition(":")[0].lower() in OVERLAP_SCHEMES:
+        slot = _Slot()
+        thread = threading.Thread(target=storer.serve, args=(slot,), name="mrtr-keys-audit-store", daemon=True)
+        thread.start()
+    hand = storer.handle if slot is None else slot.put
     cache: dict[str, str] = {}
     pending = first
-    stored, acked, last_seq, last_ack = 0, 0, 0, 0.0
-
-    def ack() -> None:
-        nonlocal acked, last_ack
-        _report(status_fd, last_seq, stored, None)
-        acked, last_ack = stored, time.monotonic()
-
+    next_seq = 1  # of the next row: every transaction is stored, in order, or the writer exits
     while True:
         if not pending:
             if frames.eof:
                 break
-            if acked < stored and not frames.wait(last_ack + ACK_INTERVAL - time.monotonic()):
-                ack()  # caught up, and nothing came within the ack interval
+            if slot is None:
+                due = storer.ack_due()
+                if due is not None and not frames.wait(due):
+                    storer.ack()  # caught up, and nothing came within the ack interval
+            else:
+                while not frames.wait(1.0):
+                    if slot.ended is not None:
+                        return slot.ended
             pending = frames.take()
             continue
         # Merge queued batches into transactions of at most MAX_TX_EVENTS events.
         seq, columns = pending.pop(0)
         if seq == SYNC:
-            ack()
+            if not hand((SYNC, None)):
+                return 1
             continue
         batch = [columns]
         n = len(columns[0])
@@ -167,38 +319,19 @@ def main() -> int:
             n += len(columns[0])
         if len(cache) > MAX_FINGERPRINT_CACHE:  # bounded memory: ~4k tokens of at most 64 KiB chars
             cache.clear()
+        if slot is not None and not slot.wait_free():  # build once the previous one is being stored
+            return 1
         items = chain.from_iterable(zip(*c, strict=True) for c in batch)
-        values = item_rows(items, instance, fingerprinter, cache, writer, links.seq + 1)
-        delay, failing_since = RETRY_MIN, 0.0
-        while True:
-            try:
-                if store is None:
-                    store = open_store(url)
-                rows = links.link_rows(values)
-                try:
-                    store.append_rows(rows)
-                except BaseException:
-                    links.rollback()
-                    raise
-                break
-            except Exception as exc:
-                _report(status_fd, 0, 0, _describe(exc))
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if os.getppid() != parent and now - failing_since > ORPHAN_GIVE_UP:
-                    print(f"mrtr-keys audit writer: parent gone, giving up on {len(values)} events", file=sys.stderr)
-                    return 1
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
-        stored += len(values)
-        last_seq = seq
-        if time.monotonic() - last_ack >= ACK_INTERVAL:
-            ack()
-    if acked < stored:
-        ack()
-    if store is not None:
-        store.close()
-    return 0
+        values = item_rows(items, instance, fingerprinter, cache, writer, next_seq)
+        next_seq += len(values)
+        if not hand((seq, values)):
+            return 1
+    if slot is None:
+        storer.finish()
+        return 0
+    slot.put(_STOP)
+    thread.join()
+    return slot.ended or 0
 
 
 if __name__ == "__main__":
