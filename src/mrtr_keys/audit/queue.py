@@ -81,7 +81,7 @@ class AuditQueue:
         """True while `on_ready` would find nothing to do (the writer's pipe is full): not called."""
         self.items: deque[AuditItem] = deque()
         self.n = 0
-        """Events charged: queued, held back one cycle, or being handed to the writer."""
+        """Events charged: queued, or being handed to the writer."""
         self.bytes = 0
         self.high = 0
         """Most events charged at once."""

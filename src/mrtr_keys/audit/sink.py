@@ -172,7 +172,7 @@ class AuditSink:
 
     @property
     def queued(self) -> int:
-        """Events held (queued, held back one cycle, or being handed to the writer)."""
+        """Events held (queued, or being handed to the writer)."""
         return self.queue.n
 
     @property
