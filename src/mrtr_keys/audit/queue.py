@@ -41,8 +41,14 @@ RETRACT_SCAN = 4_096
 within microseconds, so it is among the last few)."""
 
 
+def tokens_cost(tokens: Sequence[str | None]) -> int:
+    """The memory charged for items with these `tokens` (bytes; `mrtr_keys.audit.items.item_bytes`
+    summed)."""
+    return ITEM_OVERHEAD_BYTES * len(tokens) + sum(map(len, filter(None, tokens)))
+
+
 def _cost(items: Sequence[AuditItem]) -> int:
-    return ITEM_OVERHEAD_BYTES * len(items) + sum(map(len, filter(None, [x[3] for x in items])))
+    return tokens_cost([x[3] for x in items])
 
 
 class AuditQueue:
@@ -209,16 +215,9 @@ class AuditQueue:
                     break
         return False
 
-    def charge(self, items: Sequence[AuditItem]) -> None:
-        """Charge items made by the writer itself (late rejections), without a bound check."""
-        cost = _cost(items)
-        with self._space:
-            self.n += len(items)
-            self.bytes += cost
-
     def release(self, items: Sequence[AuditItem], cost: int | None = None) -> None:
         """`items` left this process's memory (shipped or written): uncharge them (`cost`: their
-        `_cost`, if the caller has it); wake waiters."""
+        `tokens_cost`, if the caller has it); wake waiters."""
         if not items:
             return
         if cost is None:

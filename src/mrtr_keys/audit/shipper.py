@@ -20,8 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from mrtr_keys.audit.items import ITEM_OVERHEAD_BYTES, AuditItem, to_columns
-from mrtr_keys.audit.queue import AuditQueue
+from mrtr_keys.audit.items import AuditItem, to_columns
+from mrtr_keys.audit.queue import AuditQueue, tokens_cost
 from mrtr_keys.audit.writer.process import ProcessWriter
 
 FRAME = 1_000
@@ -59,7 +59,7 @@ class Shipper:
     def _send(self, items: list[AuditItem]) -> None:
         columns = to_columns(items)
         self.process.ship(columns, len(items))
-        self.queue.release(items, ITEM_OVERHEAD_BYTES * len(items) + sum(map(len, filter(None, columns[3]))))
+        self.queue.release(items, tokens_cost(columns[3]))
 
     def ship_inline(self) -> None:
         """Ship from the submitting thread: frames while `SHIP_AT` items are queued (at least one);
