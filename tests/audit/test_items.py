@@ -87,3 +87,21 @@ def test_round_ms_matches_round_on_values_next_to_ties() -> None:
         values += [tie, math.nextafter(tie, 0.0), math.nextafter(tie, math.inf), tie * (1 + 1e-12)]
     values += [rng.uniform(0, 1e9) for _ in range(20_000)] + [rng.expovariate(1.0) for _ in range(20_000)]
     assert all(_same(round_ms(v), round(v, 3)) for v in values)
+
+
+def test_long_accepted_tokens_get_their_fingerprint_but_no_place_in_the_cache() -> None:
+    """The writer's fingerprint cache (a seal and its unseal in one batch share one HMAC) holds only
+    tokens up to CACHE_TOKEN_CHARS, so its memory stays small whatever the tokens' size."""
+    from mrtr_keys.audit.items import CACHE_TOKEN_CHARS
+
+    fp = Fingerprinter(b"k" * 32)
+    short, long = "mk1." + "A" * 400, "mk1." + "A" * (4 * CACHE_TOKEN_CHARS)
+    items = [
+        AuditItem(op, "ok", "abcd1234", t, None, 1.0, "svc", 1, "web", None)
+        for t in (short, long)
+        for op in ("seal", "unseal")
+    ]
+    cache: dict[str, str] = {}
+    rows = item_rows(items, "host:1:x", fp, cache, "w", 1)
+    assert [r[8] for r in rows] == [fp.fingerprint(short)] * 2 + [fp.fingerprint(long)] * 2
+    assert list(cache) == [short]

@@ -48,6 +48,10 @@ new_item: Any = partial(tuple.__new__, AuditItem)
 an `AuditItem` built by one C call (the producers' hot path; the class's own constructor is a
 Python function, several times slower). The tuple must hold the ten fields in order."""
 
+CACHE_TOKEN_CHARS = 1_024
+"""Longest token `item_rows` keeps in its fingerprint cache (typical tokens are a few hundred
+characters; a cache of long ones would hold megabytes for one saved HMAC each)."""
+
 ITEM_OVERHEAD_BYTES = 600
 """What one queued item costs in memory beyond its token's characters (the tuple, its floats, the
 queue's slot, a share of the frame on its way to the writer): a conservative round figure used by
@@ -95,10 +99,12 @@ def item_rows(
     for op, outcome, kid, token, reason, ts, audience, generation, client, dur in rows:
         if token is None:
             fp = None
-        elif outcome == OK:
+        elif outcome == OK and len(token) <= CACHE_TOKEN_CHARS:
             fp = get(token)
             if fp is None:
                 fp = cache[token] = fp_ok(token)
+        elif outcome == OK:
+            fp = fp_ok(token)
         else:
             fp = fp_any(token)
         sec = int(ts)

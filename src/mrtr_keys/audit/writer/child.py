@@ -45,7 +45,7 @@ SYNC = -1
 HEADER = struct.Struct("<I")
 MAX_TX_EVENTS = 2_000
 """Most events per store transaction (queued batches are merged up to this)."""
-MAX_FINGERPRINT_CACHE = 4_096
+MAX_FINGERPRINT_CACHE = 1_024
 """Tokens whose fingerprint is kept for the matching unseal (a seal and its unseal in one batch)."""
 READ_CHUNK = 1 << 20
 MAX_BUFFERED = 1 << 20
@@ -317,7 +317,7 @@ def main() -> int:
             seq, columns = pending.pop(0)
             batch.append(columns)
             n += len(columns[0])
-        if len(cache) > MAX_FINGERPRINT_CACHE:  # bounded memory: ~4k tokens of at most 64 KiB chars
+        if len(cache) > MAX_FINGERPRINT_CACHE:  # bounded: this many + one transaction's tokens of <= CACHE_TOKEN_CHARS
             cache.clear()
         if slot is not None and not slot.wait_free():  # build once the previous one is being stored
             return 1
