@@ -202,6 +202,12 @@ class AuditQueue:
                 k = next((i for i, x in enumerate(items) if i >= k or x.time >= before), k)
             return list(starmap(items.popleft, repeat((), k)))
 
+    def requeue(self, items: list[AuditItem]) -> None:
+        """Put taken `items` back at the head of the queue, in order (still charged; the writer
+        they were for exited before reading them)."""
+        with self._lock:
+            self.items.extendleft(reversed(items))
+
     def replace(self, old: AuditItem, new: AuditItem) -> bool:
         """Put `new` in the place of queued `old` (the same object; searched among the newest
         `RETRACT_SCAN`). False if `old` is no longer queued (taken by the writer)."""

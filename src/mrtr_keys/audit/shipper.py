@@ -42,6 +42,26 @@ DRAIN_SLICE = 0.05
 """Seconds the background thread waits on a full pipe before it looks at its other duties."""
 
 
+def _plain(value: object) -> object:
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    return str(value)
+
+
+def plain_columns(columns: tuple[tuple[object, ...], ...]) -> tuple[tuple[object, ...], ...]:
+    """`columns` with every value of a subclass (a `str` enum member, say) turned into the plain
+    `str`/`int`/`float` it holds, and anything else into its `str`: what `marshal` writes."""
+    return tuple(tuple(map(_plain, column)) for column in columns)
+
+
 class Shipper:
     """Moves items from `queue` to `process` (see the module docstring); installs itself as the
     queue's ``on_ready``. `wake()` wakes the background thread (which calls `ship_all`)."""
@@ -56,10 +76,26 @@ class Shipper:
         queue.ship_at, queue.ship_delay, queue.ship_keep = SHIP_AT, SHIP_DELAY, KEEP
         queue.on_ready = self.ship_inline
 
-    def _send(self, items: list[AuditItem]) -> None:
+    def _send(self, items: list[AuditItem]) -> bool:
+        """Ship `items` as one frame. False if the writer had exited before taking it: the items
+        are back at the head of the queue, for the background thread (which starts a new writer).
+        Never raises: a frame that cannot be written at all is counted as dropped, with the reason."""
         columns = to_columns(items)
-        self.process.ship(columns, len(items))
+        try:
+            try:
+                shipped = self.process.ship(columns, len(items))
+            except ValueError:  # a value marshal refuses, e.g. a StrEnum audience: send plain values
+                shipped = self.process.ship(plain_columns(columns), len(items))
+        except Exception as exc:  # never into a caller's seal or unseal
+            self.queue.drop(len(items), f"cannot ship them to the writer: {type(exc).__name__}: {exc}")
+            shipped = True
+        if not shipped:
+            self.queue.requeue(items)
+            self.queue.paused = True
+            self._wake()
+            return False
         self.queue.release(items, tokens_cost(columns[3]))
+        return True
 
     def ship_inline(self) -> None:
         """Ship from the submitting thread: frames while `SHIP_AT` items are queued (at least one);
@@ -75,9 +111,8 @@ class Shipper:
                     self._wake()
                     return
                 items = q.take_settled(FRAME, keep=KEEP)
-                if not items:
+                if not items or not self._send(items):
                     return
-                self._send(items)
                 self.inline += 1
                 if len(q.items) < q.ship_at:
                     return
@@ -105,7 +140,8 @@ class Shipper:
                             process.sync()
                             process.drain(max(0.0, deadline - time.monotonic()))
                         return not process.backlogged and not q.items
-                    self._send(items)
+                    if not self._send(items):
+                        return False  # the writer exited: the next wake-up starts a new one
             finally:
                 q.paused = process.backlogged  # submitting threads ship again once the pipe takes frames
 

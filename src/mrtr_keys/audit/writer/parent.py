@@ -166,7 +166,10 @@ class ChildWriter:
         now stays in the outbox (`backlogged`) for `drain`. Returns its seq.
 
         Raises:
-            OSError: the child is gone (the batch is not counted as pending; the caller counts it).
+            OSError: the child is gone and this batch never reached it (the caller still holds it).
+                If the child was reaped after the batch was registered, the reaper has counted the
+                batch as lost already: then nothing is raised, so it is not counted twice.
+            ValueError: a value `marshal` cannot write (a `str` subclass, say); nothing was sent.
         """
         with self._send_lock:
             data = marshal.dumps((self.sent + 1, columns))
@@ -180,8 +183,9 @@ class ChildWriter:
                 self._push(HEADER.pack(len(data)) + data)
             except OSError:
                 with self._cond:
-                    self._pending.pop(seq, None)
-                raise
+                    counted = self._pending.pop(seq, None) is None  # the reaper summed it into `lost`
+                if not counted:
+                    raise
             return seq
 
     def sync(self) -> None:

@@ -78,21 +78,28 @@ class ProcessWriter:
                 return None
         return child
 
-    def ship(self, columns: tuple[tuple[Any, ...], ...], n: int) -> None:
+    def ship(self, columns: tuple[tuple[Any, ...], ...], n: int) -> bool:
         """Send one batch of `n` items as columns (`mrtr_keys.audit.items.to_columns`) without
-        blocking (see `ChildWriter.send`); starts a writer process if there is none."""
+        blocking (see `ChildWriter.send`); starts a writer process if there is none.
+
+        Returns False if the writer process had exited and the batch never reached it: the caller
+        still holds the items and ships them again (to a new writer). True otherwise, including
+        when no writer can be started (the batch is then counted as lost, with the reason).
+
+        Raises:
+            ValueError: a value `marshal` cannot write; nothing was sent.
+        """
         child = self._child()
         if child is None:
             self._lose(n, self.error or "cannot start the audit writer process")
             self.shipped_all = False
-            return
+            return True
         try:
             child.send(columns, n)
-        except OSError:  # died since the check; _exited counts what it had, this batch is ours
-            self._lose(n, "the audit writer process has exited")
-            self.shipped_all = False
-            return
+        except OSError:  # exited before it read this batch: ours to ship again
+            return False
         self.shipped_all = True
+        return True
 
     def sync(self) -> None:
         """Ask the running child for an acknowledgement of everything shipped (a flush; see
