@@ -85,6 +85,9 @@ class AuditQueue:
         self.ship_at, self.ship_delay, self.ship_keep = ship_at, ship_delay, 0
         self.paused = False
         """True while `on_ready` would find nothing to do (the writer's pipe is full): not called."""
+        self.on_first: Callable[[], None] | None = None
+        """Called (outside the lock) when an item lands in an empty queue and `on_ready` is not:
+        the process-mode sink wakes its background thread, which may be in a long sleep."""
         self.items: deque[AuditItem] = deque()
         self.n = 0
         """Events charged: queued, or being handed to the writer."""
@@ -131,6 +134,8 @@ class AuditQueue:
             self._submit_congested(item, cost)
         elif ready and self.on_ready is not None and not self.paused:
             self.on_ready()
+        elif k == 1 and self.on_first is not None:
+            self.on_first()
 
     def submit_many(self, items: list[AuditItem]) -> None:
         """Queue `items` in order (a batch request's events) under one lock; past the high-water
@@ -157,6 +162,8 @@ class AuditQueue:
                 self.submit(item)
         elif ready and self.on_ready is not None and not self.paused:
             self.on_ready()
+        elif k == len(items) and self.on_first is not None:
+            self.on_first()
 
     def _submit_congested(self, item: AuditItem, cost: int) -> None:
         deadline = 0.0

@@ -75,6 +75,7 @@ class Shipper:
         self._wait = interval
         queue.ship_at, queue.ship_delay, queue.ship_keep = SHIP_AT, SHIP_DELAY, KEEP
         queue.on_ready = self.ship_inline
+        queue.on_first = wake  # the first event after a quiet spell reaches the writer within `interval`
 
     def _send(self, items: list[AuditItem]) -> bool:
         """Ship `items` as one frame. False if the writer had exited before taking it: the items
