@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,6 @@ from tests.support.services import bao_binary
 
 pytestmark = pytest.mark.e2e
 COMPOSE = REPO / "compose.yaml"
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    sandbox = Sandbox()
-    try:
-        yield sandbox
-    finally:
-        sandbox.stop()
 
 
 def _argv(service: dict[str, Any], image: Image | None) -> list[str]:

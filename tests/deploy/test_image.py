@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,15 +20,6 @@ from mrtr_keys.service.clients import add_client
 from tests.deploy.sandbox import REPO, UID, Sandbox, read_image, written_outside
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    sandbox = Sandbox()
-    try:
-        yield sandbox
-    finally:
-        sandbox.stop()
 
 
 def test_hadolint_passes() -> None:

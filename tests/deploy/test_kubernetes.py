@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -25,15 +24,6 @@ from tests.deploy.sandbox import REPO, Sandbox, read_image
 pytestmark = pytest.mark.e2e
 MANIFESTS = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
 CRONJOB = REPO / "deploy" / "kubernetes" / "rotation-cronjob.yaml"
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    sandbox = Sandbox()
-    try:
-        yield sandbox
-    finally:
-        sandbox.stop()
 
 
 def test_manifests_validate_offline() -> None:

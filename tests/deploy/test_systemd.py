@@ -15,7 +15,6 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,15 +25,6 @@ from tests.docs.doc_blocks import parse_page
 pytestmark = pytest.mark.e2e
 UNIT = REPO / "deploy" / "mrtr-keys-sidecar.service"
 STOOD_IN = ("useradd ", "python3 -m venv ", "/opt/mrtr-keys/bin/pip install ", "systemctl ")
-
-
-@pytest.fixture
-def box() -> Iterator[Sandbox]:
-    sandbox = Sandbox()
-    try:
-        yield sandbox
-    finally:
-        sandbox.stop()
 
 
 def install_block() -> list[str]:
