@@ -6,9 +6,6 @@ the ring-wide invariants (one primary, unique kids, sizes) are checked when the 
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from mrtr_keys.errors import KeyRingError
 from mrtr_keys.ring.model import (
     DEFAULT_TTL_SECONDS,
@@ -23,7 +20,7 @@ from mrtr_keys.ring.model import (
     TtlLowering,
     parse_time,
 )
-from mrtr_keys.ring.sdk_keys import decode_sdk_key
+from mrtr_keys.ring.sdk_keys import decode_sdk_key, strict_b64decode
 from mrtr_keys.token import KID_PATTERN
 
 
@@ -144,12 +141,7 @@ def _decode_material(value: object, kid: str) -> bytes:
         raise KeyRingError(expected)
     if len(value) == 2 * KEY_BYTES and all(c in "0123456789abcdefABCDEF" for c in value):
         raise KeyRingError(f"{expected} (it looks like {2 * KEY_BYTES} hex characters; write the bytes as base64)")
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise KeyRingError(f"{expected} (it does not decode)") from None
-    if base64.b64encode(raw).decode("ascii") != value:
-        raise KeyRingError(f"{expected} (non-canonical encoding)")
+    raw = strict_b64decode(value, expected)
     if len(raw) != KEY_BYTES:
         hint = "; a passphrase or text is not a key" if len(value) == KEY_BYTES else ""
         raise KeyRingError(f"{expected} (it decodes to {len(raw)} bytes{hint})")

@@ -121,6 +121,22 @@ def _checked(key: bytes, name: str, where: str) -> bytes:
     return key
 
 
+def strict_b64decode(value: str, expected: str) -> bytes:
+    """`value` as strict, canonical standard base64 (RFC 4648 section 4): only the one spelling
+    `base64.b64encode` gives of some bytes decodes.
+
+    Raises:
+        KeyRingError: `expected` and why (never the value itself).
+    """
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise KeyRingError(f"{expected} (it does not decode)") from None
+    if base64.b64encode(raw).decode("ascii") != value:
+        raise KeyRingError(f"{expected} (non-canonical encoding)")
+    return raw
+
+
 def decode_sdk_key(value: object, kid: str) -> bytes:
     """The ``sdk_key`` field of a ring document: strict standard base64 of 32 to 4096 bytes.
 
@@ -130,12 +146,7 @@ def decode_sdk_key(value: object, kid: str) -> bytes:
     expected = f"key {kid}: sdk_key must be standard base64 of {MIN_SDK_KEY_BYTES} to {MAX_SDK_KEY_BYTES} bytes"
     if not isinstance(value, str) or not value.isascii() or len(value) > 2 * MAX_SDK_KEY_BYTES:
         raise KeyRingError(expected)
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise KeyRingError(f"{expected} (it does not decode)") from None
-    if base64.b64encode(raw).decode("ascii") != value:
-        raise KeyRingError(f"{expected} (non-canonical encoding)")
+    raw = strict_b64decode(value, expected)
     if not MIN_SDK_KEY_BYTES <= len(raw) <= MAX_SDK_KEY_BYTES:
         raise KeyRingError(f"{expected} (it decodes to {len(raw)} bytes)")
     return raw
