@@ -13,11 +13,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from mrtr_keys.audit.chain import verify
 from mrtr_keys.audit.items import AuditItem, new_item
 from mrtr_keys.audit.shipper import MAX_WAIT, SHIP_AT
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query
+from tests.fixtures.audit import known_events
 
 
 def _item(i: int, op: str = "seal", size: int = 0) -> AuditItem:
@@ -142,14 +145,17 @@ def test_a_str_enum_audience_is_recorded_as_its_text_and_never_raises_into_seal(
     assert sink.dropped == 0 and sink.queued == 0
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_a_killed_writer_loses_nothing_silently_and_frames_it_never_read_go_to_its_successor(
-    tmp_path: Path, make_sink: Callable[..., AuditSink]
+    store: str, tmp_path: Path, make_sink: Callable[..., AuditSink], request: pytest.FixtureRequest
 ) -> None:
-    """What the killed writer had read and not acknowledged is counted in `dropped` (at most: it may
-    have stored some of it, docs/audit.md); frames that never reached it go to its successor, and no
-    frame is counted twice (found by a trial run: one frame was, and frames sent to the dead writer
-    before it was reaped were dropped). So every event is stored or counted, none stored twice."""
-    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    """Exactly what the killed writer had read and not stored is counted in `dropped` (what it
+    stored after its last acknowledgement is found in the store, docs/audit.md); frames that never
+    reached it go to its successor, and no frame is counted twice (found by a trial run: one frame
+    was, and frames sent to the dead writer before it was reaped were dropped). So every event is
+    stored or counted, never both, and none is stored twice."""
+    url = request.getfixturevalue("postgres_url") if store == "postgresql" else f"sqlite://{tmp_path}/audit.db"
+    sink = make_sink(url, mode="process")
     sink.submit(_item(0))
     assert sink.flush(30)
     first = sink.child_pid
@@ -175,5 +181,27 @@ def test_a_killed_writer_loses_nothing_silently_and_frames_it_never_read_go_to_i
     assert sink.flush(60)
     assert sink.children_started == 2 and sink.healthy
     stored = sink.store.count()
-    assert stored <= submitted <= stored + sink.dropped
-    assert verify(sink.store.records()).ok
+    assert submitted == stored + sink.dropped
+    assert sink.written == stored  # what the dead writer stored unacknowledged is counted written, not lost
+    records = list(sink.store.records())
+    assert {r.writer for r in records} == {f"{sink.writer}/p1", f"{sink.writer}/p2"}
+    assert verify(records).ok
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql", "jsonl"])
+def test_every_store_tells_how_far_a_chain_got(
+    store: str, tmp_path: Path, make_sink: Callable[..., AuditSink], request: pytest.FixtureRequest
+) -> None:
+    """What the parent asks after its writer died: the length of one chain, among events since a time."""
+    urls = {"sqlite": f"sqlite://{tmp_path}/audit.db", "jsonl": f"jsonl://{tmp_path}/audit.jsonl"}
+    url = request.getfixturevalue("postgres_url") if store == "postgresql" else urls[store]
+    one, other = make_sink(url), make_sink(url)
+    events = known_events(6)  # times 2026-07-28T10:00:00 .. :05
+    one.write_now(events[:2])
+    other.write_now(events[2:3])
+    one.write_now(events[3:])
+    assert one.store.chain_length(one.writer, "2026-07-28T10:00:00.000000Z") == 5
+    assert one.store.chain_length(one.writer, "2026-07-28T10:00:04.000000Z") == 5
+    assert one.store.chain_length(other.writer, "2026-07-28T10:00:00.000000Z") == 1
+    assert one.store.chain_length(one.writer, "2026-07-28T10:00:06.000000Z") == 0  # nothing that recent
+    assert one.store.chain_length("no-such-writer", "2026-07-28T10:00:00.000000Z") == 0

@@ -17,7 +17,7 @@ The queue (`mrtr_keys.audit.queue.AuditQueue`) is bounded in events and bytes; p
 high-water mark it slows callers instead of dropping (see there). A failed write is retried with
 the same batch (the chain stays gap-free). `healthy` is False while writes fail or after the
 writer process died (the sidecar's /readyz and strict mode use it); events shipped to a process
-that died unacknowledged count as dropped.
+that died before storing them count as dropped (exactly: the store is asked how far its chain got).
 
 A rejection the MCP SDK reports just after our codec unsealed a token (`mrtr_keys.audit.sdk_capture`)
 replaces that ``unseal ok`` item in the queue with one ``unseal rejected`` event carrying the SDK's
@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from mrtr_keys.audit.direct import DirectWriter
-from mrtr_keys.audit.events import OK, AuditEvent, instance_id
+from mrtr_keys.audit.events import OK, AuditEvent, format_ts, instance_id
 from mrtr_keys.audit.fingerprint import Fingerprinter
 from mrtr_keys.audit.items import AuditItem, item_values
 from mrtr_keys.audit.live import close_all
@@ -59,6 +59,9 @@ PROCESS_INTERVAL = SHIP_DELAY
 FINAL_WAIT = 5.0
 """Seconds a flush or close waits for a full pipe to take the last frames."""
 Mode = Literal["thread", "process"]
+CLOCK_SLACK = 0.001
+"""Seconds subtracted from an event time before it bounds a store search (its stored text is that
+time truncated to the microsecond)."""
 IDLE_INTERVAL = 0.5
 """Seconds between thread-mode wake-ups while nothing is queued (an idle sink costs almost nothing)."""
 
@@ -129,7 +132,9 @@ class AuditSink:
         self._closed = False
         self._retry: list[tuple[object, ...]] = []
         self._process = (
-            ProcessWriter(self._url, self._fp.key_bytes(), instance_id(), self.writer, q.drop, self.store.url)
+            ProcessWriter(
+                self._url, self._fp.key_bytes(), instance_id(), self.writer, q.drop, self.store.url, self._chain_length
+            )
             if self.mode == "process"
             else None
         )
@@ -299,6 +304,14 @@ class AuditSink:
             self.queue.drop(left)
             logger.warning("audit sink closed with %d events unwritten (store %s)", left, self.store.url)
         self.store.close()
+
+    def _chain_length(self, writer: str, since: float) -> int | None:
+        """How many events chain `writer` stored, counting those at or after POSIX time `since`
+        (the process writer asks when a child died); None if the store cannot be read."""
+        try:
+            return self.store.chain_length(writer, format_ts(max(0.0, since - CLOCK_SLACK)))
+        except Exception:  # the count falls back to its upper bound, said in the message
+            return None
 
     def _idle(self) -> bool:
         return not self.queue.items and not self._retry and not (self._shipper is not None and self._shipper.backlogged)

@@ -82,6 +82,18 @@ class AuditStore(Protocol):
         """How many records the store holds."""
         ...
 
+    def chain_length(self, writer: str, since: str) -> int:
+        """The highest ``seq`` stored on chain `writer` among records whose time is at or after
+        `since` (an event time string), 0 if none: how many events that writer has stored, when
+        `since` is no later than the time of its newest stored event (a chain's seqs are 1, 2, 3,
+        ... with no gap, `mrtr_keys.audit.chain`). A writer process's parent asks this when the
+        process died, to count exactly what it lost (`mrtr_keys.audit.writer.parent`).
+
+        Raises:
+            AuditError: the store cannot be read.
+        """
+        ...
+
     def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
         """(value of `by`, count) for records matching `q`, most frequent first."""
         ...

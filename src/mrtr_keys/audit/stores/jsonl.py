@@ -106,6 +106,9 @@ class JSONLStore:
     def count(self) -> int:
         return sum(1 for _ in self.records())
 
+    def chain_length(self, writer: str, since: str) -> int:
+        return max((r.seq for r in self.records() if r.writer == writer and r.event.time >= since), default=0)
+
     def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
         if by not in STATS_KEYS:
             raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")

@@ -210,6 +210,12 @@ class SQLStore:
     def count(self) -> int:
         return int(self._fetch("SELECT COUNT(*) FROM audit_events", [])[0][0])
 
+    def chain_length(self, writer: str, since: str) -> int:
+        p = self.PARAM
+        # The time index bounds the scan to the events since `since`; `writer` filters them.
+        row = self._fetch(f"SELECT MAX(seq) FROM audit_events WHERE time >= {p} AND writer = {p}", [since, writer])  # noqa: S608 - placeholders only
+        return int(row[0][0]) if row and row[0][0] is not None else 0
+
     def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
         if by not in STATS_KEYS:
             raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")

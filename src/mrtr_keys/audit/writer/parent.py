@@ -12,8 +12,10 @@ sink ships from the submitting thread); what the pipe does not take waits in an 
 lazily (when it has caught up, and at least every `mrtr_keys.audit.writer.child.ACK_INTERVAL`), so
 this process's status thread wakes a few times a second under load, not once per batch.
 
-Batches shipped but not yet acknowledged when the child dies are reported to `on_exit` as lost
-(at most: the child may have stored the last one just before it died).
+When the child dies, the batches shipped to it and not acknowledged are reported to `on_exit` as
+lost, less what the store shows it committed from them before it died (`recount`: the dead chain's
+length, `mrtr_keys.audit.stores.base.AuditStore.chain_length`), so the count is exact; only if
+the store cannot be read then is it an upper bound (the message says so).
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mrtr_keys.audit.items import AuditItem
 from mrtr_keys.audit.writer.child import HEADER, PROTOCOL, SYNC
+
+TIME_COLUMN = AuditItem._fields.index("time")
+"""Index of the events' POSIX time in a batch's columns."""
 
 logger = logging.getLogger("mrtr_keys.audit")
 
@@ -85,7 +91,10 @@ class ChildWriter:
         key: the 32-byte audit key. `instance`: the parent's instance id (the events' ``instance``).
         writer: the child's chain id. `on_ack(n)`: n events stored. `on_error(message)`: the store
             cannot be written (the child retries). `on_exit(lost, message)`: the child ended;
-            `lost` events were shipped but not acknowledged.
+            `lost` events were shipped to it and never stored. `recount(writer, since)`: the
+            length of chain `writer` in the store counting events at or after POSIX time `since`
+            (seconds), or None if the store cannot say; asked once, after the child died, for what
+            it stored and did not acknowledge (without it, or on None, `lost` counts all of that).
 
     Raises:
         OSError: the process cannot be started.
@@ -101,9 +110,11 @@ class ChildWriter:
         on_ack: Callable[[int], None],
         on_error: Callable[[str], None],
         on_exit: Callable[[int, str], None],
+        recount: Callable[[str, float], int | None] | None = None,
     ) -> None:
         self.writer = writer
         self._on_ack, self._on_error, self._on_exit = on_ack, on_error, on_exit
+        self._recount = recount
         env = child_environment(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -133,7 +144,8 @@ class ChildWriter:
         self._stored = 0
         self.error: str | None = None
         self.alive = True
-        self._pending: dict[int, int] = {}
+        self._pending: dict[int, tuple[int, float]] = {}
+        """Batches shipped and not acknowledged: seq -> (events, earliest event time, POSIX s)."""
         self._errors_seen = 0
         self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer, libpq)))
         os.set_blocking(self._w, False)
@@ -173,12 +185,13 @@ class ChildWriter:
         """
         with self._send_lock:
             data = marshal.dumps((self.sent + 1, columns))
+            earliest = min(columns[TIME_COLUMN], default=0.0)
             with self._cond:
                 if not self.alive:
                     raise BrokenPipeError("the audit writer process has exited")
                 self.sent += 1
                 seq = self.sent
-                self._pending[seq] = n
+                self._pending[seq] = (n, earliest)
             try:
                 self._push(HEADER.pack(len(data)) + data)
             except OSError:
@@ -272,13 +285,34 @@ class ChildWriter:
         code = self.proc.wait()
         with self._cond:
             self.alive = False
-            lost = sum(self._pending.values())
+            unacked = list(self._pending.values())
             self._pending.clear()
+            stored = self._stored
             self._cond.notify_all()
         how = f"signal {-code}" if code < 0 else f"status {code}"
         with contextlib.suppress(OSError):
             self._stdout.close()
-        self._on_exit(lost, f"the audit writer process {self.proc.pid} exited ({how})")
+        lost = sum(n for n, _ in unacked)
+        message = f"the audit writer process {self.proc.pid} exited ({how})"
+        if lost:
+            extra = self._stored_unacked(stored, min(t for _, t in unacked))
+            if extra is None:
+                message += "; the store could not say what it stored last, so the loss counted is an upper bound"
+            elif extra:
+                lost -= min(extra, lost)
+                self._on_ack(extra)
+        self._on_exit(lost, message)
+
+    def _stored_unacked(self, acked: int, since: float) -> int | None:
+        """Events the dead child stored after its last acknowledgement (`acked` events in all),
+        from the store's count of its chain (`recount`); None if that cannot be known."""
+        if self._recount is None:
+            return None
+        try:
+            length = self._recount(self.writer, since)
+        except Exception:  # a store error must not stop the reaper
+            return None
+        return None if length is None else max(0, length - acked)
 
     def _status(self, seq: int, total: int, error: str | None) -> None:
         if error is not None:

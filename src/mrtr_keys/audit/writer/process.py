@@ -21,14 +21,22 @@ class ProcessWriter:
         url: the store URL the child opens (may carry a password; sent through the pipe only).
         key: the audit key. `instance`: the events' ``instance``. `writer`: the sink's chain id.
         lose(n, why): n events will never be stored (the child died with them, or none could be
-            started). `where`: the store, for log lines (password removed).
+            started). `where`: the store, for log lines (password removed). `recount`: how far a
+            dead child's chain got in the store (`ChildWriter`), so that `lose` is told exactly.
     """
 
     def __init__(
-        self, url: str, key: bytes, instance: str, writer: str, lose: Callable[[int, str], None], where: str
+        self,
+        url: str,
+        key: bytes,
+        instance: str,
+        writer: str,
+        lose: Callable[[int, str], None],
+        where: str,
+        recount: Callable[[str, float], int | None] | None = None,
     ) -> None:
         self._url, self._key, self._instance, self._writer = url, key, instance, writer
-        self._lose, self._where = lose, where
+        self._lose, self._where, self._recount = lose, where, recount
         self.child: ChildWriter | None = None
         self.started = 0
         """Writer processes started (more than 1 means one died and was replaced)."""
@@ -132,6 +140,7 @@ class ProcessWriter:
             on_ack=self._acked,
             on_error=self._failed,
             on_exit=self._exited,
+            recount=self._recount,
         )
 
     def _exited(self, lost: int, message: str) -> None:
