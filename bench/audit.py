@@ -111,7 +111,8 @@ def _sidecar_rows(services: Services, settings: Settings) -> list[Row]:
     import re
     import urllib.request
 
-    from bench.sidecar_load import BATCH, Scenario, _ab, _note, ensure_wrk, lua_script, start_sidecar
+    from bench.sidecar_load import BATCH, Scenario, _note, ensure_wrk, lua_script, start_sidecar
+    from bench.standin_writer import seal_items
 
     names = {"seal c=16": ">= 0.9x", f"seal batch({BATCH}) c=16": ">= 0.8x"}
     wrk = ensure_wrk()
@@ -123,6 +124,7 @@ def _sidecar_rows(services: Services, settings: Settings) -> list[Row]:
     payload = base64.urlsafe_b64encode(envelope_payload()).rstrip(b"=").decode()
     one = {"audience": AUDIENCE, "payload": payload}
     d = services.workdir
+    standin = seal_items(20_000, d)
     rows: list[Row] = []
     for label, path, body, items in (
         ("seal c=16", "/v1/seal", one, 1),
@@ -138,7 +140,7 @@ def _sidecar_rows(services: Services, settings: Settings) -> list[Row]:
             )
             for side, s in (("on", on), ("off", off))
         }
-        r_on, r_off = _ab(wrk, scen["on"], scen["off"], settings)
+        r_on, r_off, r_beside, rates = _rounds(wrk, scen, settings, d, standin, items)
         unit = "items/s" if items > 1 else "req/s"
         a = [r.rps * items for r in r_on]
         b = [r.rps * items for r in r_off]
@@ -160,5 +162,59 @@ def _sidecar_rows(services: Services, settings: Settings) -> list[Row]:
         if any(r.errors for r in r_on + r_off):
             row.status = "MISS"
             row.note += " (non-2xx or socket errors: numbers not valid)"
-        rows += [base, row]
+        rows += [base, row, *_colocation_rows(scen, unit, items, a, b, r_beside, rates)]
     return rows
+
+
+def _rounds(
+    wrk: str, scen: dict[str, Any], settings: Settings, directory: Any, standin: list[Any], items: int
+) -> tuple[list[Any], list[Any], list[Any], list[float]]:
+    """Interleaved rounds of on and off (A B, B A, ...); after each, off again beside a stand-in
+    writer process fed the events/s the on run just reached (`bench.standin_writer`)."""
+    from bench.sidecar_load import run_wrk
+    from bench.standin_writer import StandIn
+
+    r_on: list[Any] = []
+    r_off: list[Any] = []
+    r_beside: list[Any] = []
+    rates: list[float] = []
+
+    def run(side: str) -> Any:
+        return run_wrk(wrk, scen[side].url, scen[side].script, connections=16, seconds=settings.wrk_seconds)
+
+    for r in range(settings.wrk_repeats):
+        for side, sink in [("on", r_on), ("off", r_off)] if r % 2 == 0 else [("off", r_off), ("on", r_on)]:
+            sink.append(run(side))
+        writer = StandIn(directory, standin, r_on[-1].rps * items)
+        try:
+            r_beside.append(run("off"))
+        finally:
+            writer.stop()
+        rates.append(writer.achieved)
+    return r_on, r_off, r_beside, rates
+
+
+def _colocation_rows(
+    scen: dict[str, Any],
+    unit: str,
+    items: int,
+    on: list[float],
+    off: list[float],
+    beside: list[Any],
+    rates: list[float],
+) -> list[Row]:
+    """Split the on/off gap: the writer process's presence on the machine (off beside a stand-in
+    writer vs off), and the sidecar's own share (on vs off beside the stand-in)."""
+    from bench.sidecar_load import _note
+
+    c = [r.rps * items for r in beside]
+    name = f"{scen['off'].name} beside a writer process at the audit-on rate"
+    near = Row(PART, name, unit, median(c), spread_of(c), scen["off"].name, paired_ratio(c, off), samples=c)
+    near.note = (
+        f"{_note(beside)}; a real writer process took {median(rates):,.0f} events/s (fed at the on run's rate, "
+        f"{median(on):,.0f} {unit}) from this process: what the writer's work alone costs the sidecar here"
+    )
+    own = Row(PART, f"{scen['on'].name}, own share", unit, median(on), spread_of(on), name, paired_ratio(on, c))
+    own.samples = on
+    own.note = "audit on vs off beside the same writer load: queueing and shipping in the sidecar's process"
+    return [near, own]
