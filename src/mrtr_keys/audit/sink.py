@@ -59,9 +59,6 @@ PROCESS_INTERVAL = SHIP_DELAY
 FINAL_WAIT = 5.0
 """Seconds a flush or close waits for a full pipe to take the last frames."""
 Mode = Literal["thread", "process"]
-CLOCK_SLACK = 0.001
-"""Seconds subtracted from an event time before it bounds a store search (its stored text is that
-time truncated to the microsecond)."""
 IDLE_INTERVAL = 0.5
 """Seconds between thread-mode wake-ups while nothing is queued (an idle sink costs almost nothing)."""
 
@@ -307,9 +304,10 @@ class AuditSink:
 
     def _chain_length(self, writer: str, since: float) -> int | None:
         """How many events chain `writer` stored, counting those at or after POSIX time `since`
-        (the process writer asks when a child died); None if the store cannot be read."""
+        (the process writer asks when a child died); None if the store cannot be read. A stored
+        time is its event's truncated to the microsecond: hence 1 ms of slack."""
         try:
-            return self.store.chain_length(writer, format_ts(max(0.0, since - CLOCK_SLACK)))
+            return self.store.chain_length(writer, format_ts(max(0.0, since - 0.001)))
         except Exception:  # the count falls back to its upper bound, said in the message
             return None
 
