@@ -146,7 +146,7 @@ class AuditQueue:
             for item in items:
                 self.submit(item)
             return
-        cost = ITEM_OVERHEAD_BYTES * len(items) + sum(lengths)
+        cost = tokens_cost(tokens)
         with self._lock:
             if self.n + len(items) <= self.high_water and self.bytes + cost <= self.high_bytes:
                 queue = self.items
