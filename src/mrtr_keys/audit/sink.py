@@ -302,14 +302,11 @@ class AuditSink:
             logger.warning("audit sink closed with %d events unwritten (store %s)", left, self.store.url)
         self.store.close()
 
-    def _chain_length(self, writer: str, since: float) -> int | None:
+    def _chain_length(self, writer: str, since: float) -> int:
         """How many events chain `writer` stored, counting those at or after POSIX time `since`
-        (the process writer asks when a child died); None if the store cannot be read. A stored
-        time is its event's truncated to the microsecond: hence 1 ms of slack."""
-        try:
-            return self.store.chain_length(writer, format_ts(max(0.0, since - 0.001)))
-        except Exception:  # the count falls back to its upper bound, said in the message
-            return None
+        (the process writer asks when a child died; a store error there keeps its count an upper
+        bound). A stored time is its event's truncated to the microsecond: hence 1 ms of slack."""
+        return self.store.chain_length(writer, format_ts(max(0.0, since - 0.001)))
 
     def _idle(self) -> bool:
         return not self.queue.items and not self._retry and not (self._shipper is not None and self._shipper.backlogged)
