@@ -16,6 +16,7 @@ run: $(STAMP)
 	$(BIN)/python -m mrtr_keys.run
 
 lint: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_architecture.py
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy

@@ -43,8 +43,8 @@ def run(services: Services, settings: Settings) -> list[Row]:
     if not module_available("mrtr_keys.audit.observer"):
         return [Row.missing(PART, name, "n/a (not built): mrtr_keys.audit", target=TARGET)]
     from mrtr_keys import request_state_security
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     directory = services.workdir / "audit"
     directory.mkdir()

@@ -29,9 +29,9 @@ TX = 2_000
 
 def _items(n: int, directory: Path) -> list[Any]:
     from mrtr_keys.audit.items import AuditItem
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.codecs.local import LocalAESGCMCodec
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     ring = directory / "writer-ring" / "keyring.json"
     create_ring(FileKeystore(ring))

@@ -52,8 +52,8 @@ def _subprocess(commands: dict[str, list[str]], runs: int, env: dict[str, str]) 
 
 
 def run(services: Services, settings: Settings) -> list[Row]:
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     ring = services.workdir / "cli-ring.json"
     create_ring(FileKeystore(ring))

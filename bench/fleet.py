@@ -48,7 +48,7 @@ def _percentile(values: list[float], q: float) -> float:
 def _wait_all(store: Any, names: set[str], generation: int, timeout: float = 60.0) -> dict[str, float]:
     """name -> POSIX time of its first heartbeat at `generation` or later (polled every 20 ms)."""
     from mrtr_keys.audit.events import parse_event_time
-    from mrtr_keys.audit.presence import read_instances
+    from mrtr_keys.fleet.presence import read_instances
 
     seen: dict[str, float] = {}
     deadline = time.monotonic() + timeout
@@ -64,9 +64,9 @@ def _wait_all(store: Any, names: set[str], generation: int, timeout: float = 60.
 
 def run(services: Services, settings: Settings) -> list[Row]:
     from mrtr_keys.audit.stores.url import default_url, open_store
+    from mrtr_keys.changes.create import create_ring
+    from mrtr_keys.changes.rotation import run_step
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
-    from mrtr_keys.ring.rotation import run_step
 
     changes = 3 if settings.quick else CHANGES
     workdir = Path(services.workdir) / "fleet"

@@ -104,9 +104,9 @@ def b64_loops(payload: bytes) -> dict[str, Loop]:
 
 
 def _local(workdir: Path) -> Any:
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.factory import open_codec
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     path = workdir / "local-ring.json"
     create_ring(FileKeystore(path))
@@ -114,13 +114,13 @@ def _local(workdir: Path) -> Any:
 
 
 def _kms(services: Services) -> Subject:
-    if not module_available("mrtr_keys.backends.kms.backend"):
-        return Subject(KMS, missing="n/a (not built): mrtr_keys.backends.kms.backend")
+    if not module_available("mrtr_keys.backends.kms"):
+        return Subject(KMS, missing="n/a (not built): mrtr_keys.backends.kms")
     import boto3
 
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.factory import open_codec
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
     from mrtr_keys.ring.model import CodecSpec
 
     moto = services.moto
@@ -133,8 +133,8 @@ def _kms(services: Services) -> Subject:
 
 
 def _vault_datakey(services: Services) -> Subject:
-    if not module_available("mrtr_keys.backends.vault.transit"):
-        return Subject(VAULT_DK, missing="n/a (not built): mrtr_keys.backends.vault.transit")
+    if not module_available("mrtr_keys.backends.vault"):
+        return Subject(VAULT_DK, missing="n/a (not built): mrtr_keys.backends.vault")
     from bench.vault_remote import vault_ring
 
     bao = services.bao

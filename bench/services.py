@@ -34,7 +34,7 @@ AUDIENCE = "bench"
 
 
 def module_available(name: str) -> bool:
-    """True if `name` (e.g. ``mrtr_keys.backends.kms.backend``) exists in this tree."""
+    """True if `name` (e.g. ``mrtr_keys.backends.kms``) exists in this tree."""
     import importlib.util
 
     try:

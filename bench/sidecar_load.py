@@ -84,8 +84,8 @@ def start_sidecar(
 ) -> Sidecar:
     """A local ring, a bench client, and ``mrtr-keys serve`` on a free port (stopped by `services.close()`);
     `env` adds to its environment (``MRTR_KEYS_AUDIT=off``, say)."""
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     home = services.workdir / name  # its own directory: the client registry lives beside the ring
     home.mkdir()

@@ -149,9 +149,9 @@ def _timed(loops: dict[str, Loop], settings: Settings, *, per_round: int) -> dic
 
 
 def run(services: Services, settings: Settings) -> list[Row]:
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.factory import request_state_security
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     path = services.workdir / "single-use-ring.json"
     if not path.exists():

@@ -28,9 +28,9 @@ def vault_ring(services: Services, *, name: str, mode: str) -> Any:
     Vault's address and token come from the environment (``VAULT_ADDR``/``VAULT_TOKEN``), as
     for every user of the codec; set them before calling.
     """
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.factory import open_codec
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
     from mrtr_keys.ring.model import CodecSpec
 
     services.bao.request("POST", f"/v1/transit/keys/{name}", {"derived": True})

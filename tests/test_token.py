@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.changes.rotation import transition
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.ring.rotation import transition
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, pack, unpack
 from tests.fixtures.keyrings import T0, fresh_ring
 

@@ -21,11 +21,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import RotationError
 from mrtr_keys.example.app import build_server
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.rotation import run_step
 from tests.e2e.servers import first_round, retry_round, text_of
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +69,7 @@ def attrs(span: ReadableSpan) -> dict[str, Any]:
 
 def test_seal_and_unseal_are_children_of_the_sdk_span(tmp_path: Path, spans: InMemorySpanExporter) -> None:
     ring_path = tmp_path / "keyring.json"
-    from mrtr_keys.ring.create import create_ring
+    from mrtr_keys.changes.create import create_ring
 
     create_ring(FileKeystore(ring_path))
     ring = FileKeystore(ring_path).load()
@@ -120,8 +120,8 @@ def test_seal_and_unseal_are_children_of_the_sdk_span(tmp_path: Path, spans: InM
 
 def test_rotation_steps_reload_and_keystore_reads(tmp_path: Path, spans: InMemorySpanExporter) -> None:
     path = tmp_path / "keyring.json"
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.codecs.local import LocalAESGCMCodec
-    from mrtr_keys.ring.create import create_ring
 
     create_ring(FileKeystore(path))
     codec = LocalAESGCMCodec(path, audience="billing")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import mrtr_keys
-from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.urls import redact
 from tests.support.net import refused_port

@@ -36,7 +36,7 @@ def open_codec(
     A `mrtr_keys.keystores.watch.RingWatcher` (daemon thread, the codec's ``watcher`` attribute)
     checks the keystore every `reload_every` seconds (default 2, with jitter) and reloads when the
     ring changed; 0 turns that off (logged). With an audit `observer`, the instance also writes
-    presence heartbeats (`mrtr_keys.audit.presence`, the codec's ``presence`` attribute) every
+    presence heartbeats (`mrtr_keys.fleet.presence`, the codec's ``presence`` attribute) every
     `heartbeat_every` seconds (default 10) under the name `instance` (default
     ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
@@ -80,7 +80,7 @@ def _keep_current(
     presence = None
     sink = getattr(observer, "sink", None)
     if sink is not None:
-        from mrtr_keys.audit.presence import presence_for
+        from mrtr_keys.fleet.presence import presence_for
 
         presence = presence_for(sink.store, name=instance, kind="library", every=heartbeat_every)
     watcher = watch_codec(codec, store, interval=interval, on_switch=presence.beat if presence else None)
@@ -88,7 +88,7 @@ def _keep_current(
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
     if presence is not None:
-        from mrtr_keys.audit.presence import codec_source
+        from mrtr_keys.fleet.presence import codec_source
 
         presence.add(codec_source(codec, watcher))
 
@@ -139,7 +139,7 @@ def request_state_security(
     if sidecar is None and keystore is None:
         sidecar = os.environ.get(ENV_SIDECAR_URL) or None
     if sidecar is not None:
-        from mrtr_keys.codecs.sidecar import sidecar_security
+        from mrtr_keys.codecs.sidecar_client import sidecar_security
 
         security = sidecar_security(sidecar, audience=audience, secret=secret, ttl=float(ttl), **options)
         return with_single_use(security, single_use, single_use_for, on_store_error)

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mrtr_keys.backends import backend_for
-from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.errors import ConfigError, MrtrKeysError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.token import MalformedToken
 
@@ -39,7 +39,6 @@ def inspect_token(
         UninspectableToken: it does not parse, or (with `decrypt`) does not unseal.
         ConfigError: `decrypt` without an audience.
     """
-    from mrtr_keys.errors import ConfigError
 
     ring = keystore.load()
     backend = backend_for(ring.codec)

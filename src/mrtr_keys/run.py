@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.errors import ConfigError, MrtrKeysError
 
 STATE_DIR = Path(".mrtr")
 DEMO_CLIENT = "demo"
@@ -24,8 +24,8 @@ SECRET_FILE = "sidecar.secret"  # noqa: S105 - a file name
 
 def prepare(state_dir: Path = STATE_DIR) -> tuple[Path, Path, Path]:
     """Create the ring, registry and demo client if missing; returns (ring, registry, secret file) paths."""
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
     from mrtr_keys.service.clients import add_client, load_registry, registry_path
 
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -55,7 +55,6 @@ DEFAULT_PORT = 8750
 
 def _port(text: str) -> int:
     """`text` as a TCP port. Raises `ConfigError` naming ``MRTR_KEYS_PORT`` otherwise."""
-    from mrtr_keys.errors import ConfigError
 
     if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
         return int(text)

@@ -15,8 +15,8 @@ from pathlib import Path
 import mrtr_keys.audit.observer
 import mrtr_keys.audit.stores.sqlite  # noqa: F401 - imported once here, not in each forked process
 from mrtr_keys import request_state_security
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 
 
 def _child(ring: Path, go: int, report: int) -> None:

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit.gates import rotation_gate_for
 from mrtr_keys.audit.ring_changes import change_listener
+from mrtr_keys.changes import scope
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import NotYet
+from mrtr_keys.fleet.gates import rotation_gate_for
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring import scope
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import utcnow
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.audit import cli
 
 

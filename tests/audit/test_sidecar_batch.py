@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-from mrtr_keys.audit.sidecar import SidecarAudit
+from mrtr_keys.audit.service_sink import SidecarAudit
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.service.app import create_app

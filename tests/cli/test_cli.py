@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
+from mrtr_keys.changes import scope as audience
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring import scope as audience
 from mrtr_keys.ring.model import format_time, parse_time
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.common import MRTR_KEYS, CliResult, run_cli
 from tests.fixtures.keyrings import BadRing, bad_rings, write_ring_doc
 

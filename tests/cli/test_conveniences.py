@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.model import utcnow
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.audit import cli
 from tests.fixtures.common import MRTR_KEYS, CliResult
 

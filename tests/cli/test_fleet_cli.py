@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from mrtr_keys.changes.wait import run_step_waiting
 from mrtr_keys.errors import NotYet
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.wait import run_step_waiting
 from tests.fixtures.audit import cli
 
 

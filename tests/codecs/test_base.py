@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from mrtr_keys.codecs.vault_transit import VaultTransitCodec
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
-from mrtr_keys.ring.rotation import run_step
 from mrtr_keys.service.reload import RingState
 from tests.fixtures.sdk_keys import new_sdk_key, sdk_ring
 

@@ -12,16 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mcp.server.mcpserver import InvalidRequestState
 
-from mrtr_keys.backends.kms.wrapped import WrappedKey
+from mrtr_keys.changes import scope
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.kms import KMSEnvelopeCodec
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import AudienceError, UnwrapError
 from mrtr_keys.factory import open_codec, request_state_security
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring import scope
-from mrtr_keys.ring.create import create_ring
+from mrtr_keys.providers.kms.wrapped import WrappedKey
 from mrtr_keys.ring.model import CodecSpec, Key, KeyRing
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.moto_kms import KMSEnv
 
 

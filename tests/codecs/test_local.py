@@ -19,11 +19,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from mcp.server.mcpserver import InvalidRequestState, RequestStateSecurity
 
 import mrtr_keys
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs import LocalAESGCMCodec
 from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES
 from mrtr_keys.errors import ConfigError, KeyRingError, MrtrKeysError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.rotation import run_step
 from mrtr_keys.token import MAX_TOKEN_CHARS
 from tests.fixtures.keyrings import fresh_ring, write_ring_doc
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
 
+from mrtr_keys.changes.create import create_ring, create_ring_from_sdk_keys
+from mrtr_keys.changes.rotation import Phase, run_step, status
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import AudienceError, KeyRingError, MrtrKeysError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring, create_ring_from_sdk_keys
-from mrtr_keys.ring.model import KeyFormat, KeyRing, KeyState
-from mrtr_keys.ring.rotation import Phase, run_step, status
+from mrtr_keys.ring.document import parse_ring
+from mrtr_keys.ring.model import KeyFormat, KeyState
 from tests.fixtures.sdk_keys import envelope, key_secrets, new_sdk_key, sdk_ring
 
 AUD = "provisioner"
@@ -121,7 +122,7 @@ def test_ring_documents_stay_backward_compatible_and_hold_sdk_keys_apart(tmp_pat
 
 def _bad(doc: dict[str, object]) -> str:
     with pytest.raises(KeyRingError) as info:
-        KeyRing.loads(json.dumps(doc))
+        parse_ring(json.dumps(doc))
     return str(info.value)
 
 

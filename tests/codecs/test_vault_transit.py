@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.backends import backend_for
-from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.vault_transit import (
     TOKEN_PREFIX,
     TransitEncryptError,
@@ -26,9 +27,8 @@ from mrtr_keys.codecs.vault_transit import (
 )
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
+from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from mrtr_keys.ring.model import CodecSpec
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.openbao import OpenBao
 from tests.support.proxy import CountingProxy
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.service.clients import add_client
 from tests.deploy.sandbox import REPO, UID, Sandbox, read_image, written_outside
 

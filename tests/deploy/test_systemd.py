@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from tests.deploy.sandbox import REPO, UID, Sandbox
 from tests.docs.doc_blocks import parse_page
 

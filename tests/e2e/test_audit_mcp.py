@@ -18,7 +18,7 @@ from mrtr_keys.audit.events import FIELDS
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.example.app import QUESTION_STATE, build_server
 from mrtr_keys.factory import request_state_security
-from mrtr_keys.ring.model import KeyRing
+from mrtr_keys.ring.document import ring_from_json
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.audit import cli
 
@@ -107,7 +107,7 @@ def test_every_event_kind_and_sdk_reasons_after_a_real_mcp_flow(tmp_path: Path) 
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("audit.db*"))
     ring_doc = json.loads(ring.read_text())
     secrets = [token.encode(), token[4:].encode(), QUESTION_STATE.encode(), base64.urlsafe_b64decode(token[4:] + "==")]
-    for key in KeyRing.from_json(ring_doc).keys:
+    for key in ring_from_json(ring_doc).keys:
         assert key.material is not None
         secrets += [key.material, base64.b64encode(key.material), base64.urlsafe_b64encode(key.material).rstrip(b"=")]
     secrets.append((tmp_path / "audit.key").read_bytes())
@@ -132,7 +132,7 @@ def test_other_stores_hold_no_token_payload_or_key(tmp_path: Path, store: str, r
         with psycopg.connect(url) as conn:
             stored = json.dumps(conn.execute("SELECT * FROM audit_events").fetchall(), default=str)
     assert '"seal"' in stored or "'seal'" in stored or "seal" in stored
-    material = KeyRing.from_json(json.loads(ring.read_text())).keys[0].material
+    material = ring_from_json(json.loads(ring.read_text())).keys[0].material
     assert material is not None
     for s in (token, token[4:], QUESTION_STATE, base64.b64encode(material).decode(), material.hex()):
         assert s not in stored

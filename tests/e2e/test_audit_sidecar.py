@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-from mrtr_keys.audit.sidecar import SidecarAudit
+from mrtr_keys.audit.service_sink import SidecarAudit
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client

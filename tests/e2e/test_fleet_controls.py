@@ -18,11 +18,11 @@ import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from mrtr_keys.audit.presence import InstanceRecord, read_instances
 from mrtr_keys.audit.stores.url import default_url, open_store
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.fleet.presence import InstanceRecord, read_instances
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
 from tests.e2e.servers import ServerPool, first_round, retry_round, text_of
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli

@@ -68,10 +68,10 @@ def test_a_token_replayed_for_other_arguments_is_refused(example_mcp: MCPServer)
 
 
 def test_a_token_from_another_ring_is_refused(example_mcp: MCPServer, tmp_path) -> None:
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.example.app import build_server
     from mrtr_keys.factory import request_state_security
     from mrtr_keys.keystores.file import FileKeystore
-    from mrtr_keys.ring.create import create_ring
 
     other = tmp_path / "other.json"
     create_ring(FileKeystore(other))

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 import mrtr_keys
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
 from mrtr_keys.service.clients import add_client
 from tests.fixtures.common import REPO, stop_process
 from tests.fixtures.keystores import kubelet_publish

@@ -21,11 +21,11 @@ import httpx
 import pytest
 
 import mrtr_keys
-from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
+from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from tests.fixtures.keystores import REMOTE_KINDS
 from tests.fixtures.moto_kms import AWS_ENV, REGION
 from tests.fixtures.openbao import OpenBao

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.backends.kms.client import KMSSettings
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.codecs.kms import KMSEnvelopeCodec
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
+from mrtr_keys.providers.kms.client import KMSSettings
 from mrtr_keys.ring.model import CodecSpec
 from tests.fixtures.common import run_cli
 from tests.fixtures.moto_kms import KMSEnv, aws_env

@@ -14,14 +14,14 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.kms import KMSEnvelopeCodec
 from mrtr_keys.example.app import DEFAULT_NAME, build_server
 from mrtr_keys.example.client import answer_with
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
-from mrtr_keys.ring.rotation import run_step
 from tests.e2e.fleet import INVALID_REQUEST_STATE, run_fleet_round_trip
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.moto_kms import KMSEnv

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rewrap import rewrap
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.kms import KMSEnvelopeCodec
 from mrtr_keys.errors import UnwrapError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
-from mrtr_keys.ring.rewrap import rewrap
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.common import run_cli
 from tests.fixtures.moto_kms import KMSEnv
 

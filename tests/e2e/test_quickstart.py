@@ -88,8 +88,8 @@ def test_the_example_server_refuses_a_bad_configuration_in_one_line_exit_2(
 
     ring = tmp_path / "keyring.json"
     if ring_audiences is not None:
+        from mrtr_keys.changes.create import create_ring
         from mrtr_keys.keystores.file import FileKeystore
-        from mrtr_keys.ring.create import create_ring
 
         create_ring(FileKeystore(ring), audiences=ring_audiences)
     with refused_port() as port:

@@ -20,12 +20,12 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 import mrtr_keys
-from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.example.app import build_server
 from mrtr_keys.example.client import answer_with
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from tests.e2e.fleet import INVALID_REQUEST_STATE
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.sidecar import Sidecar, start_sidecar

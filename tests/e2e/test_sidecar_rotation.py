@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.sidecar import Sidecar
 
 

@@ -18,12 +18,12 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 import mrtr_keys
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.example.app import build_server
 from mrtr_keys.example.client import answer_with
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
-from mrtr_keys.ring.rotation import run_step
 from tests.e2e.fleet import INVALID_REQUEST_STATE, run_fleet_round_trip
 from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.openbao import OpenBao

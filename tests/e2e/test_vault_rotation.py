@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.codecs.vault_transit import VaultTransitCodec
 from mrtr_keys.inspection import inspect_token
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import CodecSpec
 from tests.fixtures.common import run_cli
 from tests.fixtures.openbao import OpenBao

@@ -21,9 +21,9 @@ from pathlib import Path
 import boto3
 import pytest
 
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.keystores import open_keystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.model import KeyRing
+from mrtr_keys.ring.document import parse_ring
 from tests.fixtures.keystores import KeystoreUnderTest
 from tests.fixtures.moto_kms import REGION
 from tests.fixtures.openbao import OpenBao
@@ -35,7 +35,7 @@ WRITER = """
 import hashlib, json, sys
 from mrtr_keys.errors import ConflictError
 from mrtr_keys.keystores import open_keystore
-from mrtr_keys.ring.rotation import run_step
+from mrtr_keys.changes.rotation import run_step
 
 url, state, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 store = open_keystore(url, state_dir=state)
@@ -122,7 +122,7 @@ def _history(ks: KeystoreUnderTest, request: object) -> dict[int, set[str]] | No
     out: dict[int, set[str]] = {}
 
     def add(text: str) -> None:
-        ring = KeyRing.loads(text)
+        ring = parse_ring(text)
         out.setdefault(ring.generation, set()).add(hashlib.sha256(ring.dumps()).hexdigest())
 
     if ks.kind == "vault-kv":
@@ -147,6 +147,6 @@ def _history(ks: KeystoreUnderTest, request: object) -> dict[int, set[str]] | No
         for v in versions:
             add(sm.get_secret_value(SecretId=name, VersionId=v["VersionId"])["SecretString"])
         previous = sm.get_secret_value(SecretId=name, VersionStage="AWSPREVIOUS")["SecretString"]
-        assert KeyRing.loads(previous).generation == 2 * STEPS  # AWSPREVIOUS: the ring before the last
+        assert parse_ring(previous).generation == 2 * STEPS  # AWSPREVIOUS: the ring before the last
         return out
     return None

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import ConflictError
 from mrtr_keys.keystores.copy import copy_ring
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.codec_contract import ring_secrets
 from tests.fixtures.common import run_cli
 from tests.fixtures.keystores import KeystoreUnderTest

@@ -16,12 +16,12 @@ from pathlib import Path
 import boto3
 import pytest
 
-from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import KeystoreError
 from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
+from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from tests.fixtures.common import REPO, run_cli
 from tests.fixtures.moto_kms import AWS_ENV, REGION, KMSEnv
 from tests.fixtures.openbao import OpenBao

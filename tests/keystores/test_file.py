@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from mrtr_keys.changes import scope as audience
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import ConflictError, KeyRingError, KeyRingExists, KeyRingNotFound, KeystoreError
 from mrtr_keys.keystores import open_keystore
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring import scope as audience
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.keyrings import BadRing, bad_rings, fresh_ring, write_ring_doc
 
 BAD = bad_rings()
@@ -89,7 +89,7 @@ def test_a_failed_write_leaves_the_old_ring_as_it_was(keystore: FileKeystore) ->
         "import resource, signal, sys\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "from mrtr_keys.keystores.file import FileKeystore\n"
-        "from mrtr_keys.ring.rotation import run_step\n"
+        "from mrtr_keys.changes.rotation import run_step\n"
         "from mrtr_keys.errors import KeystoreError\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))\n"
         "try:\n"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import ConfigError, KeystoreError
 from mrtr_keys.keystores import open_keystore
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.keystores.mounted import MountedKeystore
-from mrtr_keys.ring.rotation import run_step
 from mrtr_keys.service.clients import add_client, load_registry
 from tests.fixtures.common import run_cli
 from tests.fixtures.keyrings import fresh_ring

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import ConflictError, KeyRingExists, KeyRingNotFound
 from mrtr_keys.factory import open_codec
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.common import run_cli
 from tests.fixtures.keyrings import fresh_ring
 from tests.fixtures.keystores import KeystoreUnderTest

@@ -7,10 +7,10 @@ import secrets
 
 import pytest
 
-from mrtr_keys.backends.vault.client import VaultClient, VaultSettings
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
-from mrtr_keys.ring.create import create_ring
-from mrtr_keys.ring.rotation import run_step
+from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from tests.fixtures.openbao import OpenBao
 
 

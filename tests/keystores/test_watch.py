@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.factory import open_codec
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.keystores.watch import RingWatcher, watch_codec
 from mrtr_keys.ring.model import KeyRing
-from mrtr_keys.ring.rotation import run_step
 
 
 class CountingKeystore(FileKeystore):

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.ring.model import KeyState
 from mrtr_keys.service import schemas
 from mrtr_keys.service.clients import load_registry, remove_client

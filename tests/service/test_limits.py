@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.codecs.sidecar import SidecarCodec
+from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from tests.fixtures.common import run_cli
 from tests.fixtures.sidecar import Sidecar
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.errors import AuditError
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 
 pytestmark = pytest.mark.e2e
 

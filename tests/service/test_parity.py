@@ -24,8 +24,8 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.create import create_ring
 from mrtr_keys.service import schemas
 from mrtr_keys.service.app import SidecarApp, create_app
 from mrtr_keys.service.clients import add_client

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.file import FileKeystore
-from mrtr_keys.ring.rotation import run_step
 from tests.fixtures.sidecar import Sidecar
 
 

@@ -3,7 +3,7 @@
 Its per-token methods only build an `AuditItem` and append it to the sink's queue (see
 `mrtr_keys.audit.sink`); fingerprinting and writing happen in the writer. `ring_loaded`
 writes synchronously: an instance's ``ring-loaded`` event is in the store before the codec's
-construction (or reload) returns, which the promote gate (`mrtr_keys.audit.gates`) relies on.
+construction (or reload) returns, which the promote gate (`mrtr_keys.fleet.gates`) relies on.
 """
 
 from __future__ import annotations
@@ -96,10 +96,3 @@ def observer_for(
     observer = AuditObserver(shared_sink(url, directory), audience=audience, strict=strict)
     sdk_capture.install(observer)
     return observer
-
-
-def notify_ring_loaded(observer: object, generation: int | None, kid: str | None = None) -> None:
-    """Call `observer.ring_loaded(generation, kid)` if the observer has one (codec hook helper)."""
-    hook = getattr(observer, "ring_loaded", None)
-    if hook is not None and generation is not None:
-        hook(generation, kid)

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 
 from mrtr_keys.audit.sink import AuditSink, Mode, close_all
+from mrtr_keys.errors import ConfigError
 
 logger = logging.getLogger("mrtr_keys.audit")
 
@@ -26,7 +27,6 @@ def writer_mode() -> Mode:
         return "process"
     if value == "thread":
         return "thread"
-    from mrtr_keys.errors import ConfigError
 
     raise ConfigError(f"{ENV_WRITER} must be 'thread' or 'process', not {value!r}")
 

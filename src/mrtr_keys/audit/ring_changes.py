@@ -1,14 +1,14 @@
-"""Key ring changes as audit events: `change_listener()` is a `mrtr_keys.ring.apply.ChangeListener`.
+"""Key ring changes as audit events: `change_listener()` is a `mrtr_keys.changes.apply.ChangeListener`.
 
 Pass it to any change (``run_step(..., listeners=[change_listener()])``, ``create_ring``,
-``mrtr_keys.ring.scope.add``/``remove``, ``rewrap``) to get the records the CLI writes.
+``mrtr_keys.changes.scope.add``/``remove``, ``rewrap``) to get the records the CLI writes.
 
 Each saved change (``init``, ``begin``, ``promote``, ``retire``, ``rewrap``, ``audience``) becomes
 one event, written synchronously: ``kid`` is the key the step is about (the new key for init,
 begin and promote, the old one for retire), ``generation`` the ring's generation after the
 change, ``reason`` is ``forced`` for a step run with ``--force`` past a gate (or ``added`` /
 ``removed`` for an audience change, whose name is in ``audience``; ``sdk-v1`` for an ``init`` from
-the MCP SDK's keys, `mrtr_keys.ring.create.create_ring_from_sdk_keys`).
+the MCP SDK's keys, `mrtr_keys.changes.create.create_ring_from_sdk_keys`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from mrtr_keys.audit.events import FORCED, AuditEvent, format_ts, instance_id
 from mrtr_keys.errors import AuditError
 
 if TYPE_CHECKING:
+    from mrtr_keys.changes.apply import ChangeListener, ChangeResult
     from mrtr_keys.keystores import Keystore
-    from mrtr_keys.ring.apply import ChangeListener, ChangeResult
     from mrtr_keys.ring.model import KeyRing
 
 

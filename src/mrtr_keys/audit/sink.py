@@ -5,7 +5,7 @@ an `AuditItem`: no hashing, no I/O. Two writers (``mode``):
 
 * ``"process"`` (the default of `mrtr_keys.audit.registry.shared_sink`, so of in-process codecs,
   the sidecar and the CLI): queued items travel as `marshal` frames of columns through a pipe
-  (`mrtr_keys.audit.writer.parent`), shipped mostly by the submitting thread itself and otherwise
+  (`mrtr_keys.audit.writer.child_writer`), shipped mostly by the submitting thread itself and otherwise
   by a background thread that wakes rarely (`mrtr_keys.audit.shipper`). A child process
   (`mrtr_keys.audit.writer.child`, started on the first batch or by `start_writer`, restarted on
   the next batch after it died) fingerprints, chains and stores, on its own interpreter lock and

@@ -20,8 +20,8 @@ from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 
 _MODULES = {
     "local": "mrtr_keys.backends.local",
-    "kms": "mrtr_keys.backends.kms.backend",
-    "vault-transit": "mrtr_keys.backends.vault.transit",
+    "kms": "mrtr_keys.backends.kms",
+    "vault-transit": "mrtr_keys.backends.vault",
 }
 
 
@@ -78,8 +78,3 @@ def backend_for(spec: CodecSpec | str, **options: Any) -> Backend:
     module = importlib.import_module(module_name)
     backend: Backend = module.make_backend(spec, **options)
     return backend
-
-
-def codec_types() -> tuple[str, ...]:
-    """Codec type names a ring may record."""
-    return tuple(_MODULES)

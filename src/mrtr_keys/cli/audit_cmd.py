@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
+from mrtr_keys.errors import ConfigError
 
 if TYPE_CHECKING:
     from mrtr_keys.audit.stores.base import AuditStore, Query
@@ -47,7 +48,6 @@ def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) 
     from mrtr_keys.audit.stores.sqlite import path_from_url
     from mrtr_keys.audit.stores.url import open_store, store_url
     from mrtr_keys.cli.options import root_audit
-    from mrtr_keys.errors import ConfigError
 
     url = store_url(audit if audit is not None else root_audit(), _keystore(keystore_))
     if url is None:
@@ -77,7 +77,6 @@ def _query(
 ) -> Query:
     from mrtr_keys.audit.events import OK, OPS, REJECTED, parse_when
     from mrtr_keys.audit.stores.base import Query
-    from mrtr_keys.errors import ConfigError
 
     if op is not None and op not in OPS:
         raise ConfigError(f"--op must be one of {', '.join(OPS)}")
@@ -226,7 +225,6 @@ def stats(
     """Count events grouped by one field, most frequent first."""
     from mrtr_keys.audit.events import STATS_KEYS
     from mrtr_keys.cli.output import print_json, print_table
-    from mrtr_keys.errors import ConfigError
 
     if by not in STATS_KEYS:
         raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")
@@ -337,7 +335,6 @@ def export(
     from rich.progress import Progress
 
     from mrtr_keys.audit.stores.base import SQL_COLUMNS
-    from mrtr_keys.errors import ConfigError
 
     if fmt not in ("jsonl", "csv"):
         raise ConfigError("--format must be jsonl or csv")

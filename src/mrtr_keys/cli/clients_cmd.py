@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
+from mrtr_keys.errors import ConfigError
 
 app = typer.Typer(help="Sidecar clients: names, audiences, operations (secrets are shown once).", no_args_is_help=True)
 
@@ -43,7 +44,6 @@ def add(
 ) -> None:
     """Register a client and print its bearer secret, once (only its hash is stored)."""
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.errors import ConfigError
     from mrtr_keys.keystores import open_keystore
     from mrtr_keys.service.clients import add_client
 

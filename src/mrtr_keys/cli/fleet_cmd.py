@@ -1,7 +1,7 @@
 """`mrtr-keys fleet status`: every instance of this key ring, from its presence heartbeats.
 
 One row an instance (name, codec, generation, primary kid, last heartbeat, live / stale / stopped),
-in 80 columns; ``--json`` gives every field (`mrtr_keys.audit.presence.InstanceRecord` plus
+in 80 columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord` plus
 ``status``, ``age_seconds`` and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
 key). Instances of other rings in the same store, and rows whose last
 heartbeat is older than ``--since`` (default 1h), are left out.
@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.errors import ConfigError
 
 app = typer.Typer(help="The instances serving this key ring, as their heartbeats report them.", no_args_is_help=True)
 
@@ -49,11 +50,10 @@ def status(
     A primary that is the MCP SDK's own key (a ring started with ``init --from-sdk-key-file``) gets a
     note line; ``--json`` gives each row's ``primary_format`` (``mk1`` or ``sdk-v1``)."""
     from mrtr_keys.audit.events import parse_event_time, parse_when
-    from mrtr_keys.audit.presence import read_instances
     from mrtr_keys.audit.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.errors import ConfigError
+    from mrtr_keys.fleet.presence import read_instances
 
     store = keystore(keystore_)
     ring = store.load()

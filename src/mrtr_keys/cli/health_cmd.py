@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt
+from mrtr_keys.errors import MrtrKeysError
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 """Without --url or MRTR_KEYS_SIDECAR_URL: this host, port MRTR_KEYS_PORT (as `serve` reads it) or 8750."""
@@ -36,8 +37,7 @@ def health(
     import time
 
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.codecs.sidecar import _transport
-    from mrtr_keys.errors import MrtrKeysError
+    from mrtr_keys.codecs.sidecar_client import _transport
 
     port = os.environ.get("MRTR_KEYS_PORT")
     target = url or (f"http://127.0.0.1:{port}" if port else DEFAULT_URL)
@@ -65,8 +65,7 @@ def _check(target: str, path: str, ready: bool, timeout: float) -> None:
     """One request; raises `MrtrKeysError` (exit 1) unless the answer is 200."""
     import httpx
 
-    from mrtr_keys.codecs.sidecar import _transport
-    from mrtr_keys.errors import MrtrKeysError
+    from mrtr_keys.codecs.sidecar_client import _transport
     from mrtr_keys.urls import redact
 
     base, transport = _transport(target)

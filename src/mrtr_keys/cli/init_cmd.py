@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, change_listeners, keystore
+from mrtr_keys.errors import ConfigError
 
 
 def init(
@@ -37,9 +38,8 @@ def init(
     json_: JsonOpt = False,
 ) -> None:
     """Create a new key ring with one primary key; refuses if one exists there."""
+    from mrtr_keys.changes.create import create_ring, create_ring_from_sdk_keys
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.errors import ConfigError
-    from mrtr_keys.ring.create import create_ring, create_ring_from_sdk_keys
     from mrtr_keys.ring.model import CodecSpec
     from mrtr_keys.ring.sdk_keys import read_sdk_key_file
 

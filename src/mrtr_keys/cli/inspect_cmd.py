@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.errors import ConfigError
 
 
 def inspect(
@@ -40,8 +41,6 @@ def _read_stdin() -> str:
         ConfigError: nothing, or more than one word, on standard input.
     """
     import sys
-
-    from mrtr_keys.errors import ConfigError
 
     words = sys.stdin.read(1 << 20).split()
     if len(words) != 1:

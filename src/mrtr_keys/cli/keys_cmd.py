@@ -1,5 +1,5 @@
 """`mrtr-keys keys list|show|destroy|ttl`: the ring's keys (never material), destroying a retired
-key's material, and changing the TTL without a rotation (`mrtr_keys.ring.lifecycle`)."""
+key's material, and changing the TTL without a rotation (`mrtr_keys.changes.lifecycle`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.errors import ConfigError
 
 app = typer.Typer(help="Show the key ring's keys; destroy retired ones; change the TTL.", no_args_is_help=True)
 
@@ -52,7 +53,6 @@ def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonO
 def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """One key: state, times, whether its material is held, and the ring it belongs to."""
     from mrtr_keys.cli.output import print_fields, print_json
-    from mrtr_keys.errors import ConfigError
 
     ring = keystore(keystore_).load()
     key = ring.lookup(kid)
@@ -74,9 +74,9 @@ def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> 
 @app.command("destroy")
 def destroy(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Remove a retired key's material for good (the record stays); refused for any other state."""
+    from mrtr_keys.changes.apply import apply_change
+    from mrtr_keys.changes.lifecycle import destroy as destroy_key
     from mrtr_keys.cli.options import change_listeners
-    from mrtr_keys.ring.apply import apply_change
-    from mrtr_keys.ring.lifecycle import destroy as destroy_key
 
     store = keystore(keystore_)
     result = apply_change(store, "destroy", lambda ring, now: destroy_key(ring, kid, now), listeners=change_listeners())
@@ -92,10 +92,10 @@ def ttl(
     json_: JsonOpt = False,
 ) -> None:
     """Show or change the ring's TTL without a rotation: raising is at once, lowering takes two runs."""
+    from mrtr_keys.changes.apply import apply_change
+    from mrtr_keys.changes.lifecycle import parse_duration, set_ttl, ttl_info
     from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.cli.output import print_fields, print_json
-    from mrtr_keys.ring.apply import apply_change
-    from mrtr_keys.ring.lifecycle import parse_duration, set_ttl, ttl_info
 
     store = keystore(keystore_)
     if seconds is None:
@@ -124,7 +124,7 @@ def _last_old_seal(store: Any) -> Any:
     audit = existing_store(store, audit=root_audit())
     if audit is None:
         return None
-    from mrtr_keys.audit.ttl_evidence import last_seal_by_earlier_instances
+    from mrtr_keys.fleet.ttl_evidence import last_seal_by_earlier_instances
 
     return last_seal_by_earlier_instances(audit, ring.ttl_lowering.requested_at, ring.ttl_seconds)
 

@@ -28,6 +28,7 @@ from mrtr_keys.cli import (
     serve_cmd,
 )
 from mrtr_keys.cli.options import JsonOpt, StateDirOpt, set_root
+from mrtr_keys.errors import MrtrKeysError
 
 app = typer.Typer(
     name="mrtr-keys",
@@ -110,7 +111,6 @@ app.add_typer(keystore_cmd.app, name="keystore")
 def run() -> None:
     """Console-script entry point: run the app, map errors to one line and an exit code."""
     from mrtr_keys.cli.output import error, json_requested, print_json_error
-    from mrtr_keys.errors import MrtrKeysError
 
     try:
         code = app(standalone_mode=False, prog_name="mrtr-keys")

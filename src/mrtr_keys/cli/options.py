@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from mrtr_keys.ring.apply import ChangeListener
+    from mrtr_keys.changes.apply import ChangeListener
 
 KeystoreOpt = Annotated[
     str | None,

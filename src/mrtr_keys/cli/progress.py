@@ -12,16 +12,17 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from mrtr_keys.errors import MrtrKeysError
+
 if TYPE_CHECKING:
     from mrtr_keys.audit.stores.base import AuditStore
-    from mrtr_keys.errors import MrtrKeysError
     from mrtr_keys.keystores import Keystore
 
 QUIET_SECONDS = 15.0
 
 
 class WaitProgress:
-    """`update` is the ``on_wait`` of `mrtr_keys.ring.wait.run_step_waiting`."""
+    """`update` is the ``on_wait`` of `mrtr_keys.changes.wait.run_step_waiting`."""
 
     def __init__(self, keystore: Keystore, *, window: float | None = None) -> None:
         from rich.console import Console
@@ -55,7 +56,7 @@ class WaitProgress:
 
     def line(self, step: str, refusal: MrtrKeysError, left: float) -> tuple[str, str]:
         """(what it waits for, the countdown part) for one refused try."""
-        from mrtr_keys.audit.gates import SEALING, TTL, evaluate
+        from mrtr_keys.fleet.gates import SEALING, TTL, evaluate
         from mrtr_keys.ring.model import utcnow
 
         try:

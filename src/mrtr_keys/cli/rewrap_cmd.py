@@ -17,8 +17,8 @@ def rewrap(
     json_: JsonOpt = False,
 ) -> None:
     """Re-encrypt every usable data key under another KMS key (ReEncrypt); kids and tokens stay valid."""
+    from mrtr_keys.changes.rewrap import rewrap as run_rewrap
     from mrtr_keys.cli.output import print_change
-    from mrtr_keys.ring.rewrap import rewrap as run_rewrap
 
     result = run_rewrap(keystore(keystore_), kms_key_id, listeners=change_listeners())
     print_change(result, json_)

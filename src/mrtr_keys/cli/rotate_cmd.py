@@ -1,6 +1,6 @@
 """`mrtr-keys rotate status|begin|promote|retire|next|abort|restore`: three-phase rotation (`ring.rotation`).
 
-``promote``, ``retire`` and ``next`` take ``--wait SECONDS``: wait for the gates (`mrtr_keys.ring.wait`)
+``promote``, ``retire`` and ``next`` take ``--wait SECONDS``: wait for the gates (`mrtr_keys.changes.wait`)
 with a live progress line on stderr (instances ready N of M, the TTL countdown); exit 0 when the
 step is done, 75 only when the wait runs out.
 """
@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.errors import ConfigError
+from mrtr_keys.ring.document import parse_ring
 
 if TYPE_CHECKING:
-    from mrtr_keys.ring.apply import ChangeResult
+    from mrtr_keys.changes.apply import ChangeResult
 
 app = typer.Typer(help="Three-phase zero-downtime key rotation.", no_args_is_help=True)
 
@@ -48,12 +50,12 @@ WaitOpt = Annotated[
 @app.command("status")
 def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Say the phase in one sentence, the keys involved, the next step and everything it waits for."""
-    from mrtr_keys.audit.gates import describe, evaluate
     from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.changes.rotation import status as rotation_status
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import print_fields, print_json, print_line
+    from mrtr_keys.fleet.gates import describe, evaluate
     from mrtr_keys.ring.model import utcnow
-    from mrtr_keys.ring.rotation import status as rotation_status
 
     store = keystore(keystore_)
     ring = store.load()
@@ -92,13 +94,13 @@ def _step(
     wait: float | None = None,
     if_older_than: str | None = None,
 ) -> None:
-    from mrtr_keys.audit.gates import rotation_gate_for
+    from mrtr_keys.changes.rotation import run_step
     from mrtr_keys.cli.options import change_listeners, root_audit
-    from mrtr_keys.ring.rotation import run_step
+    from mrtr_keys.fleet.gates import rotation_gate_for
 
     store = keystore(keystore_)
     if if_older_than is not None:
-        from mrtr_keys.ring.lifecycle import parse_duration, younger_than
+        from mrtr_keys.changes.lifecycle import parse_duration, younger_than
         from mrtr_keys.ring.model import utcnow
 
         skip = younger_than(store.load(), utcnow(), parse_duration(if_older_than, "--if-older-than"))
@@ -109,8 +111,8 @@ def _step(
     if wait is None:
         result = run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners())
     else:
+        from mrtr_keys.changes.wait import run_step_waiting
         from mrtr_keys.cli.progress import WaitProgress
-        from mrtr_keys.ring.wait import run_step_waiting
 
         with WaitProgress(store, window=window) as progress:
             result = run_step_waiting(
@@ -187,9 +189,9 @@ def next_(
 @app.command("abort")
 def abort(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Undo a begin before promote (the new key is removed); refused once promoted."""
+    from mrtr_keys.changes.apply import apply_change
+    from mrtr_keys.changes.lifecycle import abort as abort_rotation
     from mrtr_keys.cli.options import change_listeners
-    from mrtr_keys.ring.apply import apply_change
-    from mrtr_keys.ring.lifecycle import abort as abort_rotation
 
     _print(apply_change(keystore(keystore_), "abort", abort_rotation, listeners=change_listeners()), json_)
 
@@ -203,17 +205,15 @@ def restore(
     """Write a backup of this ring back as its next generation (instances refuse a lower generation)."""
     from pathlib import Path
 
+    from mrtr_keys.changes.restore import restore as restore_ring
     from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.errors import ConfigError
-    from mrtr_keys.ring.model import KeyRing
-    from mrtr_keys.ring.restore import restore as restore_ring
 
     try:
         data = Path(backup).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
-    result = restore_ring(keystore(keystore_), KeyRing.loads(data), listeners=change_listeners())
+    result = restore_ring(keystore(keystore_), parse_ring(data), listeners=change_listeners())
     if json_:
         print_json({"step": "restore", "generation": result.ring.generation, "message": result.message})
     else:

@@ -28,9 +28,9 @@ def list_(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
 
 
 def _change(op: str, name: str, keystore_: str | None, json_: bool, *, allow_any: bool = False) -> None:
+    from mrtr_keys.changes import scope as audience
     from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.ring import scope as audience
 
     store = keystore(keystore_)
     if op == "add":

@@ -18,7 +18,7 @@ _LAZY = {
     "LocalAESGCMCodec": "mrtr_keys.codecs.local",
     "VaultTransitCodec": "mrtr_keys.codecs.vault_transit",
     "KMSEnvelopeCodec": "mrtr_keys.codecs.kms",
-    "SidecarCodec": "mrtr_keys.codecs.sidecar",
+    "SidecarCodec": "mrtr_keys.codecs.sidecar_client",
 }
 
 

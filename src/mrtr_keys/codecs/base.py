@@ -25,7 +25,7 @@ import threading
 from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
-from mrtr_keys import tracing
+import mrtr_keys.tracing as tracing
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError

@@ -1,6 +1,6 @@
 """`KMSEnvelopeCodec`: AES-256-GCM tokens under data keys that AWS KMS wraps.
 
-The ring holds only wrapped data keys (see `mrtr_keys.backends.kms.backend`). Construction (and
+The ring holds only wrapped data keys (see `mrtr_keys.backends.kms`). Construction (and
 `reload()` when the ring changed) unwraps each usable key once with ``Decrypt``; after that
 `seal`/`unseal` are the shared `AESGCMTokenCore` (token format ``mk1.``, docs/token-format.md)
 and make no KMS call at all, as the MCP SDK's codec contract asks ("cache key material rather
@@ -17,12 +17,12 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from mrtr_keys.backends.kms.client import ENV_KMS_KEY_ID, KMSSettings
-from mrtr_keys.backends.kms.service import KMSService
-from mrtr_keys.backends.kms.wrapped import checked_wrapped_key, ring_key_id
 from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.keystores import Keystore
+from mrtr_keys.providers.kms.client import ENV_KMS_KEY_ID, KMSSettings
+from mrtr_keys.providers.kms.service import KMSService
+from mrtr_keys.providers.kms.wrapped import checked_wrapped_key, ring_key_id
 from mrtr_keys.ring.model import KeyRing
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class KMSEnvelopeCodec(KeyRingCodec):
 
     Args:
         keystore, audience, observer: as for `KeyRingCodec`.
-        client: a boto3 KMS client (default: the standard AWS chain, `mrtr_keys.backends.kms.client.make_client`).
+        client: a boto3 KMS client (default: the standard AWS chain, `mrtr_keys.providers.kms.client.make_client`).
         service: a `KMSService` to share (overrides `client` and `settings`).
         settings: timeouts and retries for the default client.
         kms_key_id: optional pin (else ``MRTR_KEYS_KMS_KEY_ID``): refuse a ring wrapped under any

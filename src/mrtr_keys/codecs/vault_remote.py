@@ -23,11 +23,11 @@ import base64
 import binascii
 from collections.abc import Callable
 
-from mrtr_keys.backends.vault.client import VaultClient, VaultRefused
-from mrtr_keys.backends.vault.params import TransitParams, b64, key_version, split_vault_ciphertext, vault_ciphertext
 from mrtr_keys.codecs.aesgcm import rejected
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import BackendUnavailable, MrtrKeysError
+from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
+from mrtr_keys.providers.vault.params import TransitParams, b64, key_version, split_vault_ciphertext, vault_ciphertext
 from mrtr_keys.ring.model import KeyRing, KeyState
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, kid_to_bytes, pack, unpack
 

@@ -34,8 +34,13 @@ import binascii
 import os
 from collections.abc import Mapping
 
-from mrtr_keys.backends.vault.client import VaultClient, VaultRefused
-from mrtr_keys.backends.vault.params import (
+from mrtr_keys.codecs.base import KeyRingCodec, TokenCore
+from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.vault_remote import TOKEN_PREFIX, VERSION_BYTES, RemoteTransitCore, TransitEncryptError
+from mrtr_keys.errors import ConfigError, KeyRingError, UnwrapError
+from mrtr_keys.keystores import Keystore
+from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
+from mrtr_keys.providers.vault.params import (
     CODEC_TYPE,
     TransitParams,
     audience_context,
@@ -45,11 +50,6 @@ from mrtr_keys.backends.vault.params import (
     split_vault_ciphertext,
     vault_ciphertext,
 )
-from mrtr_keys.codecs.base import KeyRingCodec, TokenCore
-from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.codecs.vault_remote import TOKEN_PREFIX, VERSION_BYTES, RemoteTransitCore, TransitEncryptError
-from mrtr_keys.errors import ConfigError, KeyRingError, UnwrapError
-from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import Key, KeyRing
 
 __all__ = [

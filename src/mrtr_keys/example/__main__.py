@@ -161,8 +161,8 @@ def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
 
 
 def _create_ring_if_missing(location: str | None) -> None:
+    from mrtr_keys.changes.create import create_ring
     from mrtr_keys.keystores import open_keystore
-    from mrtr_keys.ring.create import create_ring
 
     store = open_keystore(location)
     if store.exists():

@@ -12,7 +12,6 @@ lock files) go to its state directory (`Keystore.directory`,
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
@@ -138,8 +137,3 @@ def as_keystore(keystore: Keystore | str | os.PathLike[str] | None) -> Keystore:
     if keystore is None or isinstance(keystore, str | os.PathLike):
         return open_keystore(keystore)
     return keystore
-
-
-def iter_schemes() -> Iterator[str]:
-    """Keystore URL schemes this build understands."""
-    yield from ("file", "vault-kv", "aws-sm")

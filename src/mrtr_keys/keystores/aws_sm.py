@@ -34,6 +34,7 @@ from mrtr_keys.errors import (
     MrtrKeysError,
 )
 from mrtr_keys.keystores.remote import RemoteKeystore
+from mrtr_keys.providers.kms.client import KMSSettings
 from mrtr_keys.ring.model import KeyRing
 
 CURRENT = "AWSCURRENT"
@@ -51,7 +52,7 @@ _clients_lock = threading.Lock()
 
 def make_client() -> Any:
     """A boto3 ``secretsmanager`` client (one per process and ``AWS_*`` environment), with the KMS
-    codec's timeouts and retries (`mrtr_keys.backends.kms.client.KMSSettings`).
+    codec's timeouts and retries (`mrtr_keys.providers.kms.client.KMSSettings`).
 
     Raises:
         ConfigError: boto3 is not installed (``pip install 'mrtr-keys[kms]'``) or the AWS
@@ -63,7 +64,6 @@ def make_client() -> Any:
         from botocore.exceptions import BotoCoreError
     except ImportError:  # pragma: no cover - installed with the kms extra
         raise ConfigError("the aws-sm keystore needs boto3: pip install 'mrtr-keys[kms]'") from None
-    from mrtr_keys.backends.kms.client import KMSSettings
 
     settings = KMSSettings.from_env()
     key = (settings, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))

@@ -30,6 +30,7 @@ from mrtr_keys.errors import (
 from mrtr_keys.keystores.locks import LocalLock, lock_timeout_from_env
 from mrtr_keys.keystores.private import read_private_file
 from mrtr_keys.keystores.state import configured_state_dir, ensure_dir, user_state_dir, writable_dir
+from mrtr_keys.ring.document import parse_ring
 from mrtr_keys.ring.model import KeyRing
 
 MAX_RING_BYTES = 4 * 1024 * 1024
@@ -96,7 +97,7 @@ class FileKeystore:
 
     def load(self) -> KeyRing:
         missing = KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)")
-        return KeyRing.loads(read_private_file(self.path, "key ring", max_bytes=MAX_RING_BYTES, missing=missing))
+        return parse_ring(read_private_file(self.path, "key ring", max_bytes=MAX_RING_BYTES, missing=missing))
 
     def revision(self) -> str:
         """``inode:size:mtime_ns`` of the ring file: every write renames a new file over it (a new

@@ -25,6 +25,7 @@ from mrtr_keys.errors import ConfigError, KeyRingNotFound, KeystoreError
 from mrtr_keys.keystores.file import MAX_RING_BYTES
 from mrtr_keys.keystores.private import KUBELET_DATA_LINK, read_private_file
 from mrtr_keys.keystores.state import configured_state_dir, ensure_dir, user_state_dir
+from mrtr_keys.ring.document import parse_ring
 from mrtr_keys.ring.model import KeyRing
 
 WRITES_GO = (
@@ -103,7 +104,7 @@ class MountedKeystore:
                 if attempt == 2 or not os.path.islink(self.path):
                     raise
                 continue
-            return KeyRing.loads(data)
+            return parse_ring(data)
         raise missing  # pragma: no cover - the loop returns or raises
 
     def create(self, ring: KeyRing) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from mrtr_keys.errors import ConflictError, KeyRingError
 from mrtr_keys.keystores.locks import LocalLock, lock_timeout_from_env
 from mrtr_keys.keystores.state import configured_state_dir, ensure_dir, user_state_dir
+from mrtr_keys.ring.document import parse_ring
 from mrtr_keys.ring.model import KeyRing
 
 MAX_RING_BYTES = 4 * 1024 * 1024
@@ -56,7 +57,7 @@ class RemoteKeystore:
     def _parse(self, data: bytes | str) -> KeyRing:
         if len(data) > MAX_RING_BYTES:
             raise KeyRingError(f"key ring at {self.url} is larger than {MAX_RING_BYTES} bytes")
-        return KeyRing.loads(data)
+        return parse_ring(data)
 
     def _remember(self, ring: KeyRing, version: str) -> None:
         with self._versions_lock:

@@ -7,7 +7,7 @@ create), so Vault refuses a write that lost a race and nothing is ever overwritt
 (API: https://openbao.org/api-docs/secret/kv/kv-v2/, the same in Vault). `revision()` reads only
 ``MOUNT/metadata/PATH`` and returns its ``current_version``.
 
-The client is the transit codec's (`mrtr_keys.backends.vault.client.VaultClient`): address, token
+The client is the transit codec's (`mrtr_keys.providers.vault.client.VaultClient`): address, token
 or AppRole login, namespace and TLS come from the same ``VAULT_*`` / ``BAO_*`` variables. The first
 path segment of the URL is the mount (``vault-kv://secret/mrtr/keyring``: mount ``secret``, path
 ``mrtr/keyring``); a mount with a slash in it is written ``%2F``.
@@ -22,7 +22,6 @@ import os
 from typing import NoReturn
 from urllib.parse import quote, unquote
 
-from mrtr_keys.backends.vault.client import VaultClient, VaultRefused
 from mrtr_keys.errors import (
     BackendUnavailable,
     ConfigError,
@@ -32,6 +31,7 @@ from mrtr_keys.errors import (
     KeystoreUnavailable,
 )
 from mrtr_keys.keystores.remote import RemoteKeystore
+from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
 from mrtr_keys.ring.model import KeyRing
 
 FIELD = "keyring"

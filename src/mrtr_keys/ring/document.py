@@ -6,6 +6,8 @@ the ring-wide invariants (one primary, unique kids, sizes) are checked when the 
 
 from __future__ import annotations
 
+import json
+
 from mrtr_keys.errors import KeyRingError
 from mrtr_keys.ring.model import (
     DEFAULT_TTL_SECONDS,
@@ -22,6 +24,21 @@ from mrtr_keys.ring.model import (
 )
 from mrtr_keys.ring.sdk_keys import decode_sdk_key, strict_b64decode
 from mrtr_keys.token import KID_PATTERN
+
+
+def parse_ring(data: bytes | str) -> KeyRing:
+    """Parse and validate a key ring document (UTF-8 JSON text).
+
+    Raises:
+        KeyRingError: one line saying what is wrong; never echoes key material.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise KeyRingError("key ring is not valid JSON") from None
+    except RecursionError:
+        raise KeyRingError("key ring JSON is nested too deeply") from None
+    return ring_from_json(doc)
 
 
 def ring_from_json(doc: object) -> KeyRing:

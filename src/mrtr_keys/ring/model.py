@@ -3,7 +3,7 @@
 A `KeyRing` is the document every instance of a fleet shares. It owns the keys
 and their invariants; codecs (the primitives, as in Tink's key-set handle vs
 AEAD split) are built from it and never change it. Changes are made by
-`mrtr_keys.ring.rotation` and `mrtr_keys.ring.scope`, which return new rings with a
+`mrtr_keys.changes.rotation` and `mrtr_keys.changes.scope`, which return new rings with a
 generation one higher; keystores persist them with compare-and-swap on the
 generation. `mrtr_keys.ring.document` reads the document below into a `KeyRing`.
 
@@ -19,7 +19,7 @@ Document (JSON, ``format`` = ``mrtr-keys.keyring``, ``version`` = 1)::
 
 Key states (the three rotation phases of the MCP SDK docs): ``verify`` (unseals
 only), ``primary`` (seals and unseals; exactly one), ``retired`` (neither). A destroyed key
-(`mrtr_keys.ring.lifecycle`) stays ``retired``, with ``destroyed_at`` and no material; a TTL
+(`mrtr_keys.changes.lifecycle`) stays ``retired``, with ``destroyed_at`` and no material; a TTL
 lowering not yet in force waits in ``ttl_lowering`` (``{"ttl_seconds", "requested_at"}``).
 ``material`` is present for the local codec; codecs whose keys live elsewhere
 (KMS, Vault) keep their per-key fields in ``key_data`` instead (wrapped key,
@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from mrtr_keys.errors import AudienceError, KeyRingError
+from mrtr_keys.errors import AudienceError, ConfigError, KeyRingError
 from mrtr_keys.ring.sdk_keys import MAX_SDK_KEY_BYTES, MIN_SDK_KEY_BYTES
 
 FORMAT = "mrtr-keys.keyring"
@@ -77,7 +77,6 @@ def check_ttl(ttl: object) -> float:
     Raises:
         ConfigError: anything else, in one line naming ``--ttl``.
     """
-    from mrtr_keys.errors import ConfigError
 
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (0 < ttl <= MAX_TTL_SECONDS):
         raise ConfigError(f"--ttl must be a number of seconds above 0 and at most {MAX_TTL_SECONDS:g} (30 days)")
@@ -289,28 +288,6 @@ class KeyRing:
             **({"ttl_lowering": self.ttl_lowering.to_json()} if self.ttl_lowering is not None else {}),
             "keys": [k.describe() for k in self.keys],
         }
-
-    @classmethod
-    def loads(cls, data: bytes | str) -> KeyRing:
-        """Parse and validate a document.
-
-        Raises:
-            KeyRingError: one line saying what is wrong; never echoes key material.
-        """
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise KeyRingError("key ring is not valid JSON") from None
-        except RecursionError:
-            raise KeyRingError("key ring JSON is nested too deeply") from None
-        return cls.from_json(doc)
-
-    @classmethod
-    def from_json(cls, doc: object) -> KeyRing:
-        """Build from a parsed document; see `loads` (the parser is `mrtr_keys.ring.document`)."""
-        from mrtr_keys.ring.document import ring_from_json
-
-        return ring_from_json(doc)
 
 
 def _validate(ring: KeyRing) -> None:

@@ -45,11 +45,12 @@ from mrtr_keys.service.auth import ClientAuth
 from mrtr_keys.service.clients import registry_path
 from mrtr_keys.service.config import ServiceConfig
 from mrtr_keys.service.handlers import SidecarCore, respond
-from mrtr_keys.service.lifecycle import probe_audience
 from mrtr_keys.service.metrics import CONTENT_TYPE
 from mrtr_keys.service.outcomes import AuditSink, Handler, Headers, Receive, Result, Scope, Send
 from mrtr_keys.service.protocol import ConnectionLimits
+from mrtr_keys.service.readiness import probe_audience
 from mrtr_keys.service.reload import RingState, keep_current
+from mrtr_keys.version import __version__
 
 __all__ = ["AuditSink", "SidecarApp", "SidecarCore", "app_from_env", "create_app", "probe_audience"]
 
@@ -122,7 +123,7 @@ def create_app(
     if audit is None and config.audit_factory:
         audit = _load_audit(config)
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)
-        from mrtr_keys.audit.sidecar import sidecar_audit
+        from mrtr_keys.audit.service_sink import sidecar_audit
 
         audit = sidecar_audit(store.directory, audit=config.audit, strict=config.strict_audit)
     ring = RingState(store, backend_options=backend_options)
@@ -249,8 +250,6 @@ def _load_audit(config: ServiceConfig) -> AuditSink:
 
 
 def _version() -> str:
-    from mrtr_keys import __version__
-
     return __version__
 
 

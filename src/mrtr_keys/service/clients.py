@@ -40,9 +40,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from mrtr_keys.changes.scope import check_name
 from mrtr_keys.errors import ConfigError, KeystoreError
 from mrtr_keys.ring.model import format_time, parse_time, utcnow
-from mrtr_keys.ring.scope import check_name
 
 FORMAT = "mrtr-keys.clients"
 VERSION = 1

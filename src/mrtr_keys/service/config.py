@@ -125,7 +125,7 @@ class ServiceConfig:
         if not (isinstance(h, int | float) and not isinstance(h, bool) and 0.05 <= h <= 3600):
             raise ConfigError("heartbeat_interval must be a number of seconds from 0.05 to 3600")
         if self.instance is not None:
-            from mrtr_keys.audit.presence import instance_name
+            from mrtr_keys.fleet.presence import instance_name
 
             instance_name(self.instance)
         if not isinstance(self.host, str) or not self.host:

@@ -20,11 +20,10 @@ import anyio.to_thread
 
 from mrtr_keys.backends import Codec
 from mrtr_keys.errors import AudienceError, MrtrKeysError
-from mrtr_keys.replay.sidecar import STORE_UNAVAILABLE
+from mrtr_keys.replay.service_guard import STORE_UNAVAILABLE
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
 from mrtr_keys.service.clients import Client
 from mrtr_keys.service.config import ServiceConfig
-from mrtr_keys.service.lifecycle import RingLifecycle
 from mrtr_keys.service.outcomes import (
     AUDIT_FAILED,
     INTERNAL,
@@ -49,6 +48,7 @@ from mrtr_keys.service.outcomes import (
     single,
 )
 from mrtr_keys.service.ratelog import RateLimitedLog
+from mrtr_keys.service.readiness import RingLifecycle
 from mrtr_keys.service.reload import RingState
 from mrtr_keys.service.validation import batch_items, parse_object, seal_check, unseal_check
 from mrtr_keys.token import b64u_encode

@@ -33,6 +33,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.version import __version__
+
 OUTCOMES = ("ok", "rejected", "unauthorized", "forbidden", "invalid", "too_large", "unavailable", "error")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
 """Seconds; the local codec answers in tens of microseconds, remote backends in milliseconds."""
@@ -134,14 +137,11 @@ class _RingCollector(Collector):
     _PHASES = {"idle": 0, "begun": 1, "promoted": 2}
 
     def __init__(self, ring: Any) -> None:
-        from mrtr_keys import __version__
-
         self._state = ring
         self._version = __version__
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
-        from mrtr_keys.errors import MrtrKeysError
-        from mrtr_keys.ring.rotation import status
+        from mrtr_keys.changes.rotation import status
 
         ring = self._state.ring
         try:

@@ -252,7 +252,7 @@ class Keeper:
         configuration (``serve --workers N`` before forking) never shows up as an instance."""
         import os
 
-        from mrtr_keys.audit.presence import Loaded, instance_name, presence_for
+        from mrtr_keys.fleet.presence import Loaded, instance_name, presence_for
 
         core, config, watcher = self._core, self._config, self.watcher
         state: RingState = core.ring

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from mrtr_keys.changes.scope import MAX_AUDIENCE_CHARS
 from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES
-from mrtr_keys.ring.scope import MAX_AUDIENCE_CHARS
 from mrtr_keys.service.config import DEFAULT_MAX_BATCH_ITEMS
 from mrtr_keys.service.validation import MAX_PAYLOAD_B64_CHARS, decode_payload
 

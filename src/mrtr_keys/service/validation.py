@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
+from mrtr_keys.changes.scope import MAX_AUDIENCE_CHARS
 from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES
-from mrtr_keys.ring.scope import MAX_AUDIENCE_CHARS
 from mrtr_keys.service.clients import Client
 from mrtr_keys.service.outcomes import Loc, Outcome, forbidden, invalid
 from mrtr_keys.token import MalformedToken, b64u_decode

@@ -87,7 +87,7 @@ class AuditStore(Protocol):
         `since` (an event time string), 0 if none: how many events that writer has stored, when
         `since` is no later than the time of its newest stored event (a chain's seqs are 1, 2, 3,
         ... with no gap, `mrtr_keys.audit.chain`). A writer process's parent asks this when the
-        process died, to count exactly what it lost (`mrtr_keys.audit.writer.parent`).
+        process died, to count exactly what it lost (`mrtr_keys.audit.writer.child_writer`).
 
         Raises:
             AuditError: the store cannot be read.
@@ -100,7 +100,7 @@ class AuditStore(Protocol):
 
     def put_instance(self, row: Sequence[object]) -> None:
         """Insert or replace the presence row of one instance (values in `INSTANCE_COLUMNS` order,
-        keyed by ``name``; see `mrtr_keys.audit.presence`).
+        keyed by ``name``; see `mrtr_keys.fleet.presence`).
 
         Raises:
             AuditError: the store cannot be written.
@@ -171,7 +171,7 @@ SQL_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP INDEX IF EXISTS audit_events_op_time",
         "CREATE INDEX audit_events_op_kid_time ON audit_events (op, kid, time)",
     ),
-    # v3: presence (`mrtr_keys.audit.presence`): one row an instance, replaced by each heartbeat.
+    # v3: presence (`mrtr_keys.fleet.presence`): one row an instance, replaced by each heartbeat.
     3: (
         """CREATE TABLE instances (
             name TEXT PRIMARY KEY,

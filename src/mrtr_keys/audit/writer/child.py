@@ -1,6 +1,6 @@
 """The audit writer process: fingerprints, chains and stores the batches an `AuditSink` ships to it.
 
-Run as ``python -m mrtr_keys.audit.writer.child`` by `mrtr_keys.audit.writer.parent.ChildWriter`
+Run as ``python -m mrtr_keys.audit.writer.child`` by `mrtr_keys.audit.writer.child_writer.ChildWriter`
 (never by hand). It imports only the audit modules and the store driver it needs (no MCP SDK, no
 web framework), so it starts in a few tens of milliseconds.
 
@@ -12,7 +12,7 @@ stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from 
   ``(SYNC, None)`` asks for an acknowledgement as soon as every batch before it is stored (a flush).
   The audit key, the store URL (which may hold a password) and libpq's ``PG*`` variables travel
   only through this inherited pipe, never on the command line or in the environment (the child's
-  environment holds only what an interpreter needs: `mrtr_keys.audit.writer.parent.child_environment`).
+  environment holds only what an interpreter needs: `mrtr_keys.audit.writer.child_writer.child_environment`).
 * child -> parent, on its stdout: ``(seq, total, error)`` status frames: acknowledgements
   (``seq`` = the newest batch stored, ``total`` = events stored since the child started, ``error``
   None), sent at a ``SYNC`` and otherwise at most every `ACK_INTERVAL` seconds while something
@@ -38,6 +38,8 @@ import threading
 import time
 from itertools import chain
 from typing import Any
+
+from mrtr_keys.errors import AuditError, ConfigError
 
 PROTOCOL = 3
 SYNC = -1
@@ -109,7 +111,6 @@ def _report(fd: int, seq: int, n: int, error: str | None) -> None:
 
 
 def _describe(exc: BaseException) -> str:
-    from mrtr_keys.errors import AuditError, ConfigError
 
     return str(exc) if isinstance(exc, (AuditError, ConfigError)) else f"{type(exc).__name__}: {exc}"
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mrtr_keys.audit.writer.parent import ChildWriter
+from mrtr_keys.audit.writer.child_writer import ChildWriter
 
 logger = logging.getLogger("mrtr_keys.audit")
 

@@ -1,0 +1,180 @@
+"""The sidecar's live state between requests: codecs per audience, readiness, reload, ``ring-loaded``.
+
+`RingLifecycle` is the base of `mrtr_keys.service.handlers.SidecarCore`: it owns the `RingState` and
+the `ClientAuth`, calls codecs (on the event loop for in-memory codecs, in a worker thread for codecs
+that may call out per token), answers ``/readyz`` with a seal/unseal self-test (and a ping of the replay
+store when single-use is on), and gives the ring watcher (`mrtr_keys.keystores.watch`, every
+``reload_interval`` seconds and on SIGHUP) what it calls to swap in a new generation and client registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+from mcp.server.mcpserver import InvalidRequestState
+
+from mrtr_keys.backends import Codec
+from mrtr_keys.replay.service_guard import SidecarReplay
+from mrtr_keys.ring.model import KeyRing
+from mrtr_keys.service.auth import ClientAuth
+from mrtr_keys.service.config import ServiceConfig
+from mrtr_keys.service.metrics import SidecarMetrics
+from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
+from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
+
+if TYPE_CHECKING:
+    from mrtr_keys.fleet.presence import Presence
+    from mrtr_keys.keystores.watch import RingWatcher
+
+log = logging.getLogger("mrtr_keys.service")
+
+STALE_NOTE = "the stored key ring cannot be loaded; serving the last good generation (see the server log)"
+
+
+def probe_audience(ring: KeyRing) -> str:
+    """The audience the readiness self-test seals for: the first in scope, else `PROBE_AUDIENCE`."""
+    return ring.audiences[0] if ring.audiences else PROBE_AUDIENCE
+
+
+class RingLifecycle:
+    """The ring, clients, metrics and audit sink of one sidecar process, and their upkeep.
+
+    Args:
+        ring: the live key ring (`RingState`).
+        auth: the live client registry (`ClientAuth`).
+        config: limits and the reload interval.
+        audit: optional `AuditSink` (``ring_loaded(generation, kid)`` is called if it has one).
+    """
+
+    def __init__(
+        self, ring: RingState, auth: ClientAuth, config: ServiceConfig, *, audit: AuditSink | None = None
+    ) -> None:
+        self.ring = ring
+        self.auth = auth
+        self.config = config
+        self.audit = audit
+        self.strict_audit = config.strict_audit
+        self._ring_loaded()
+        self.metrics = SidecarMetrics()
+        self.metrics.generation.set(ring.ring.generation)
+        if audit is not None:
+            self.metrics.watch_audit(getattr(audit, "sink", audit))
+        self.metrics.watch_ring(ring)
+        self.replay: SidecarReplay | None = None
+        if config.replay_store:  # single-use unseals (docs/single-use.md)
+            self.replay = SidecarReplay(
+                config.replay_store,
+                clients=config.single_use_clients,
+                audiences=config.single_use_audiences,
+                on_store_error=config.on_replay_store_error,  # type: ignore[arg-type]
+                ring_ttl=lambda: ring.ring.ttl_seconds,
+                registry=self.metrics.registry,
+            )
+        self.watcher: RingWatcher | None = None
+        """The ring watcher (`mrtr_keys.service.reload.keep_current`; the app's lifespan starts it)."""
+        self.presence: Presence | None = None
+
+    # ---------------------------------------------------------------- codecs
+
+    async def _codec(self, audience: str) -> Codec:
+        codec = self.ring.snapshot.codecs.get(audience)
+        if codec is None:
+            codec = await anyio.to_thread.run_sync(self.ring.open, audience)
+        return codec
+
+    async def _run(self, fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
+        """Call a codec method: on the event loop for in-memory codecs, else in a worker thread."""
+        if self.ring.inline:
+            return self._call(fn, arg)
+        return await anyio.to_thread.run_sync(self._call, fn, arg)
+
+    def _call(self, fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
+        """`fn(arg)` and the kid the codec reported; `Rejected` for the SDK's `InvalidRequestState`."""
+        tap = self.ring.tap
+        tap.clear()
+        try:
+            value = fn(arg)
+        except InvalidRequestState as exc:
+            raise Rejected(str(exc), tap.take()) from None
+        return value, tap.take()
+
+    # ---------------------------------------------------------------- state
+
+    def describe(self) -> dict[str, Any]:
+        """``GET /v1/keys``: the ring's public description and the reload error note (never material)."""
+        doc = self.ring.ring.describe()
+        doc["reload_error"] = self.ring.refused or (STALE_NOTE if self.ring.error else None)
+        return doc
+
+    async def readyz(self, strict: bool = False) -> Result:
+        """200 when the ring is loaded and a seal/unseal self-test passes (backend reachable), else 503.
+
+        With `strict`, a stored ring that cannot be loaded (last good one serving) also gives 503.
+        """
+        ring = self.ring.ring
+        stale = self.ring.refused or (STALE_NOTE if self.ring.error else None)
+        try:
+            codec = await self._codec(probe_audience(ring))
+            token, _ = await self._run(codec.seal, b"readyz")
+            payload, _ = await self._run(codec.unseal, token)
+            ok = payload == b"readyz"
+        except Exception as exc:
+            log.warning("readiness self-test failed: %s", getattr(exc, "reason", None) or type(exc).__name__)
+            ok = False
+        doc: dict[str, Any] = {"ready": ok, "generation": ring.generation, "reload_error": stale}
+        if not ok:
+            doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
+        audit_status = getattr(self.audit, "status", None)
+        if audit_status is not None:
+            doc["audit"] = audit_status()
+        audit_ready = getattr(self.audit, "ready", None)
+        if ok and audit_ready is not None and not audit_ready():
+            ok = False
+            doc["reason"] = "the audit store cannot be written (see the server log)"
+        replay = self.replay
+        if ok and replay is not None and not await anyio.to_thread.run_sync(replay.ready):
+            ok = False
+            doc["reason"] = "the replay store cannot be reached (see the server log)"
+        ready = ok and not (strict and stale)
+        doc["ready"] = ready
+        return (200 if ready else 503), dump(doc), None
+
+    # ---------------------------------------------------------------- reload
+
+    def reload_now(self) -> bool:
+        """Poll the client registry and the keystore once (blocking I/O: call off the event loop)."""
+        self.poll_registry()
+        return self.reload_ring()
+
+    def poll_registry(self) -> None:
+        """Reload the client registry if its file changed, and open codecs for new audiences."""
+        if self.auth.refresh():
+            self.ring.prepare(self.auth.registry.audiences())
+
+    def reload_ring(self) -> bool:
+        """Re-read the keystore and switch if it holds a newer ring (the ring watcher's reload). True if switched."""
+        had_error = self.ring.error
+        switched = self.ring.reload(self.auth.registry.audiences())
+        if switched:
+            self._ring_loaded()
+            self.metrics.reloads.labels("switched").inc()
+            self.metrics.generation.set(self.ring.ring.generation)
+            self.metrics.loaded_at.set_to_current_time()
+        elif self.ring.error and self.ring.error != had_error:
+            self.metrics.reloads.labels("failed").inc()
+        self.metrics.stale.set(1 if self.ring.error or self.ring.refused else 0)
+        return switched
+
+    def _ring_loaded(self) -> None:
+        """Record ``ring-loaded`` in the audit log (synchronously) if the sink supports it (docs/audit.md)."""
+        hook = getattr(self.audit, "ring_loaded", None)
+        if hook is not None:
+            hook(self.ring.ring.generation, self.ring.ring.primary.kid)
+
+    def wake(self) -> None:
+        """Check the keystore now, with a full read (SIGHUP)."""
+        if self.watcher is not None:
+            self.watcher.wake()
