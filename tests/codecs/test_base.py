@@ -140,3 +140,38 @@ def test_a_non_string_token_is_rejected_and_never_handed_to_the_observer(
     with pytest.raises(InvalidRequestState):
         codec.unseal(token)  # type: ignore[arg-type]
     assert loads.refused == [(None, "", "malformed")]
+
+
+class SealedKids(Loads):
+    """`Loads` that also keeps the kid of every seal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kids: list[str] = []
+
+    def sealed(self, kid: str, token: str) -> None:
+        self.kids.append(kid)
+
+
+@pytest.mark.parametrize("kind", CODECS)
+def test_a_bound_seal_kept_before_a_reload_seals_with_the_new_primary_after_it(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Our decision (issue 25): `seal` and `unseal` are ordinary methods that reach the current core, so a
+    wrapper or framework that keeps ``codec.seal`` never goes on sealing with a key the ring demoted."""
+    path = tmp_path / "keyring.json"
+    create_ring(FileKeystore(path), codec=_spec(kind, request))
+    seen = SealedKids()
+    codec = _open(kind, path, seen)
+    seal, unseal = codec.seal, codec.unseal  # kept, as a wrapper would
+    old = codec.ring.primary.kid
+    seal(b"before")
+    run_step(FileKeystore(path), "begin")
+    run_step(FileKeystore(path), "promote")
+    assert codec.reload() is True
+    new = codec.ring.primary.kid
+    token = seal(b"after the reload")
+    assert new != old and seen.kids == [old, new]
+    assert seen.generations == [1, 3]
+    assert unseal(token) == b"after the reload"
+    assert _open(kind, path).unseal(token) == b"after the reload"

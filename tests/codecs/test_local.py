@@ -187,6 +187,9 @@ def test_the_observer_sees_kids_and_reasons_never_payloads(keystore: FileKeystor
         def rejected(self, kid: str | None, token: str, reason: str) -> None:
             events.append(("rejected", str(kid), reason))
 
+        def ring_loaded(self, generation: int, kid: str | None = None) -> None:
+            events.append(("ring-loaded", str(kid), str(generation)))
+
     codec = LocalAESGCMCodec(keystore, audience=AUD, observer=Recorder())
     kid = keystore.load().primary.kid
     token = codec.seal(b"secret payload")
@@ -195,6 +198,7 @@ def test_the_observer_sees_kids_and_reasons_never_payloads(keystore: FileKeystor
         with pytest.raises(InvalidRequestState):
             codec.unseal(bad)
     assert events == [
+        ("ring-loaded", kid, "1"),
         ("sealed", kid),
         ("unsealed", kid),
         ("rejected", "None", "malformed"),

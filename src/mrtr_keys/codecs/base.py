@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 import mrtr_keys.tracing as tracing
+from mrtr_keys.codecs.generations import SWITCH, next_ring
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
@@ -43,28 +44,6 @@ class TokenCore(Protocol):
     def unseal(self, token: str) -> bytes: ...
 
 
-def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:
-    """Why `stored` must not replace `loaded`, or None when it may.
-
-    A reload only moves forward on the same ring: a lower generation (a keystore restored from
-    a backup, a stale replica) would bring back keys a rotation retired, and another ``ring_id``
-    is another ring altogether (a wrong path or URL).
-    """
-    if stored.ring_id != loaded.ring_id:
-        return (
-            f"the stored key ring is another ring (ring_id {stored.ring_id}, generation {stored.generation}) "
-            f"than the loaded one (ring_id {loaded.ring_id}); still using generation {loaded.generation}: "
-            "fix the keystore location, or restart to switch rings"
-        )
-    if stored.generation < loaded.generation:
-        return (
-            f"the stored key ring has generation {stored.generation}, older than the loaded generation "
-            f"{loaded.generation} (restored from a backup?); still using generation {loaded.generation}. "
-            "To put a backup back, write it as a new generation: mrtr-keys rotate restore FILE"
-        )
-    return None
-
-
 class KeyRingCodec:
     """A synchronous `RequestStateCodec` over a key ring (see the MCP SDK's `request_state.py`).
 
@@ -72,8 +51,8 @@ class KeyRingCodec:
         keystore: a `Keystore`, a path, or a ``file://`` URL.
         audience: the audience tokens are sealed for (usually the MCP server's name);
             must be in the ring's audience scope.
-        observer: optional `CodecObserver` (the audit log); if it has ``ring_loaded(generation,
-            kid)`` that is called with every generation this instance starts using.
+        observer: optional `CodecObserver` (the audit log); its ``ring_loaded(generation, kid)`` is
+            called with every generation this instance starts using.
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: the ring cannot be loaded.
@@ -138,8 +117,11 @@ class KeyRingCodec:
         return self._ring.generation
 
     def seal(self, payload: bytes) -> str:
-        """Seal `payload` with the ring's primary key; returns a token (see the codec's format)."""
-        return self._core.seal(payload)
+        """Seal `payload` with the current primary key; returns a token (see the codec's format).
+
+        An ordinary method that reaches the core installed last, so a bound method kept by a caller
+        (``seal = codec.seal``) seals with the new primary after a reload too."""
+        return self._seal(payload)
 
     def unseal(self, token: str) -> bytes:
         """Unseal a token minted for this audience under a verify or primary key of the loaded ring.
@@ -147,7 +129,7 @@ class KeyRingCodec:
         Raises:
             InvalidRequestState: for every other input, with a short reason code.
         """
-        return self._core.unseal(token)
+        return self._unseal(token)
 
     def reload(self) -> bool:
         """Re-read the keystore; switch to a newer generation of the same ring. Returns True if it switched.
@@ -167,17 +149,10 @@ class KeyRingCodec:
             self._lock,  # one reload at a time, so an older ring can never be installed last
         ):
             ring = tracing.load_ring(self._keystore)
-            loaded = self._ring
-            if ring.generation == loaded.generation and ring == loaded:
-                self.reload_refused = None
-                tracing.set_attributes(sp, outcome="unchanged")
-                return False
-            refusal = reload_refusal(loaded, ring)
-            if refusal is not None:
-                if refusal != self.reload_refused:
-                    log.warning("key ring not reloaded: %s", refusal)
-                self.reload_refused = refusal
-                tracing.set_attributes(sp, outcome="refused", reason="older or other ring")
+            step = next_ring(self._ring, ring, refused_before=self.reload_refused, log=log)
+            if step.outcome != SWITCH:
+                self.reload_refused = step.refused
+                tracing.set_attributes(sp, outcome=step.outcome)
                 return False
             self._install(ring, self._build(ring))
             self.reload_refused = None
@@ -186,22 +161,22 @@ class KeyRingCodec:
         return True
 
     def _install(self, ring: KeyRing, core: TokenCore) -> None:
-        """Switch to `ring`. The core's bound `seal`/`unseal` shadow the methods above on the
-        instance, saving a call frame per token; each core is a complete codec for the ring it was
-        built from, so a caller racing a reload gets the old ring or the new one, never a mix."""
+        """Switch to `ring`: `seal` and `unseal` reach the new core's (traced) functions. Each core is a
+        complete codec for the ring it was built from, so one operation racing a reload runs on the old
+        ring or the new one, never a mix; `unseal` is switched first, so a token the new primary sealed
+        always meets a core that knows its kid."""
         self._ring, self._core = ring, core
         seal, unseal = tracing.traced_codec(
             self.codec_type or "ring", self._audience, ring.primary.kid, core.seal, core.unseal
         )
-        self.seal = seal  # type: ignore[method-assign, assignment]
-        self.unseal = unseal  # type: ignore[method-assign, assignment]
+        self._unseal = unseal
+        self._seal = seal
 
     def _ring_loaded(self, ring: KeyRing) -> None:
-        """Tell an audit observer (if it has `ring_loaded`) this instance now uses `ring`'s generation;
-        it writes synchronously, before construction or `reload` returns (docs/audit.md)."""
-        hook = getattr(self._observer, "ring_loaded", None)
-        if hook is not None:
-            hook(ring.generation, ring.primary.kid)
+        """Tell the observer this instance now uses `ring`'s generation; the audit observer writes
+        synchronously, before construction or `reload` returns (docs/audit.md)."""
+        if self._observer is not None:
+            self._observer.ring_loaded(ring.generation, ring.primary.kid)
 
     def _check_type(self, ring: KeyRing) -> None:
         if self.codec_type and ring.codec.type != self.codec_type:

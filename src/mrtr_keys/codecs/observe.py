@@ -18,3 +18,9 @@ class CodecObserver(Protocol):
     def unsealed(self, kid: str, token: str) -> None: ...
 
     def rejected(self, kid: str | None, token: str, reason: str) -> None: ...
+
+    def ring_loaded(self, generation: int, kid: str | None = None) -> None:
+        """The codec now seals with `kid`, the primary of key ring `generation` (called at construction
+        and after every reload that switches generation). The audit observer writes ``ring-loaded``
+        synchronously here, which the promote gate relies on (docs/audit.md); others may do nothing."""
+        ...

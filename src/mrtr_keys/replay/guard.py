@@ -237,8 +237,11 @@ class DeferredObserver:
         self.observer = observer
         self._held = threading.local()
 
-    def __getattr__(self, name: str) -> Any:  # ring_loaded and anything else an observer offers
+    def __getattr__(self, name: str) -> Any:  # anything else the wrapped observer offers (its sink, ...)
         return getattr(self.observer, name)
+
+    def ring_loaded(self, generation: int, kid: str | None = None) -> None:
+        self.observer.ring_loaded(generation, kid)
 
     def sealed(self, kid: str, token: str) -> None:
         self.observer.sealed(kid, token)

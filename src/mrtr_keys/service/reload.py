@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.backends import Codec
-from mrtr_keys.codecs.base import reload_refusal
+from mrtr_keys.codecs.generations import SWITCH, next_ring
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import KeyRing
@@ -95,6 +95,9 @@ class KidTap:
         key = reason[:32]  # the codecs' fixed reason codes; capped so a label value stays bounded
         with self._count_lock:
             self.rejections[key] = self.rejections.get(key, 0) + 1
+
+    def ring_loaded(self, generation: int, kid: str | None = None) -> None:
+        """Nothing: the sidecar reports its generations itself (`mrtr_keys.service.readiness`)."""
 
     def clear(self) -> None:
         self._local.kid = None
@@ -185,14 +188,9 @@ class RingState:
             old = self.snapshot
             try:
                 ring = self.keystore.load()
-                if ring == old.ring:
-                    self.error = self.refused = None
-                    return False
-                refusal = reload_refusal(old.ring, ring)
-                if refusal is not None:
-                    if self.refused != refusal:
-                        log.warning("key ring not reloaded: %s", refusal)
-                    self.refused, self.error = refusal, None
+                step = next_ring(old.ring, ring, refused_before=self.refused, log=log)
+                if step.outcome != SWITCH:
+                    self.refused, self.error = step.refused, None
                     return False
                 snap = Snapshot(ring)
                 for aud in _unique([*old.codecs, *audiences, self.probe_audience]):
