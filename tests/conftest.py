@@ -4,6 +4,12 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests assert behaviour, never speed: no per-example deadline (a busy 2-core host or a parallel
+# run stretched one KMS-parser example past Hypothesis' default 200 ms and failed it).
+settings.register_profile("mrtr-keys", deadline=None)
+settings.load_profile("mrtr-keys")
 
 pytest.register_assert_rewrite("tests.fixtures", "tests.e2e")
 
@@ -29,14 +35,35 @@ E2E_MODULES = frozenset(
     }
 )
 """Modules (or single tests) that start processes without one of those fixtures."""
+LONG_FIRST = (
+    "e2e/test_fleet_rotation.py",
+    "e2e/test_adopt_sdk.py",
+    "docs/test_doc_commands.py",
+    "e2e/test_fleet_controls.py",
+    "bench/",
+    "typescript/",
+    "audit/test_concurrent_start.py",
+    "deploy/",
+    "cli/test_cli.py",
+)
+"""Paths (prefixes) of the longest tests, in the order they are started. Under ``pytest -n`` (`make test`)
+the suite lasts at least as long as its longest test, which mostly waits on gates and processes: started
+first, it waits while the other workers run everything else."""
 E2E_PARAMS = ("sidecar", "kms", "vault", "aws")
 """Prefixes of parameters naming a codec or keystore whose backend is a real service (sidecar, sidecar-sdk,
 kms, vault-remote, vault-datakey, vault-kv, aws-sm: fixtures fetched by name at run time)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark end-to-end tests ``e2e`` (see the sets above): ``pytest -m "not e2e"`` is the fast loop."""
+    """Mark end-to-end tests ``e2e`` (see the sets above): ``pytest -m "not e2e"`` is the fast loop; then
+    move the `LONG_FIRST` tests to the front (a stable sort: the rest keep their order)."""
     root = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.relative_to(root).as_posix()
+        return next((i for i, prefix in enumerate(LONG_FIRST) if name.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)
     for item in items:
         rel = item.path.relative_to(root)
         name = rel.as_posix()

@@ -1,10 +1,10 @@
 """A traffic driver for fleet tests: multi-round flows sent continuously, the retry always on another instance.
 
-`Traffic` runs in a background thread. Each MCP flow calls ``provision`` on one example server (round 1, an
-`InputRequiredResult` with a sealed ``requestState``), holds the token for `hold` seconds (so tokens are in
-flight across phase changes), then retries on a *different* server. Each sidecar flow seals on one sidecar
-and unseals on the other, also after `hold`. Instances are named; only those in `up_mcp` / `up_sidecars`
-get traffic, so a test takes one out (`take_out`) before it stops or kills it.
+`Traffic` runs in a background thread, one turn every `pace` seconds. Each MCP flow calls ``provision`` on one
+example server (round 1, an `InputRequiredResult` with a sealed ``requestState``), holds the token for `hold`
+seconds (so tokens are in flight across phase changes), then retries on a *different* server. Each sidecar
+flow seals on one sidecar and unseals on the other, also after `hold`. Instances are named; only those in
+`up_mcp` / `up_sidecars` get traffic, so a test takes one out (`take_out`) before it stops or kills it.
 
 `rounds` counts completed flows, `rejected` the retries refused as invalid requestState (-32602, or the
 sidecar's 400), `failed` anything else (connection errors, 5xx); `log` says which and where.
@@ -35,6 +35,10 @@ class Traffic:
     secret: str
     audience: str = "provisioner"
     hold: float = 0.3
+    pace: float = 0.5
+    """Seconds between the starts of two turns (each turn begins at most one flow of each kind): a steady two
+    flows a second per kind keeps tokens in flight across every phase change (hundreds of rounds in a fleet
+    test) without spending the machine on a flood (an unpaced driver kept a core busy for the whole test)."""
     up_mcp: set[str] = field(default_factory=set)
     up_sidecars: set[str] = field(default_factory=set)
     rounds: int = 0
@@ -115,13 +119,14 @@ class Traffic:
             for turn in itertools.count():
                 if self._stop.is_set():
                     break
+                turn_started = time.monotonic()
                 while pending and pending[0][0] <= time.monotonic():
                     _, kind, sealer, token = pending.popleft()
                     await self._second_round(turn, kind, sealer, token, http, headers)
                 pending.extend(self._requeue)
                 self._requeue.clear()
                 await self._first_rounds(turn, pending, http, headers)
-                await anyio.sleep(0.01)
+                await anyio.sleep(max(0.01, turn_started + self.pace - time.monotonic()))
             for _, kind, sealer, token in pending:  # finish what is in flight
                 await self._second_round(0, kind, sealer, token, http, headers)
             for _, kind, sealer, _token in self._requeue:

@@ -37,11 +37,11 @@ def health(
     import time
 
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.codecs.sidecar_client import _transport
+    from mrtr_keys.codecs.sidecar_client import sidecar_transport
 
     port = os.environ.get("MRTR_KEYS_PORT")
     target = url or (f"http://127.0.0.1:{port}" if port else DEFAULT_URL)
-    _transport(target)  # a bad URL is a usage error at once, not after --wait
+    sidecar_transport(target)  # a bad URL is a usage error at once, not after --wait
     path = "/readyz" if ready else "/healthz"
     deadline = time.monotonic() + max(0.0, wait)
     while True:
@@ -65,10 +65,10 @@ def _check(target: str, path: str, ready: bool, timeout: float) -> None:
     """One request; raises `MrtrKeysError` (exit 1) unless the answer is 200."""
     import httpx
 
-    from mrtr_keys.codecs.sidecar_client import _transport
+    from mrtr_keys.codecs.sidecar_client import sidecar_transport
     from mrtr_keys.urls import redact
 
-    base, transport = _transport(target)
+    base, transport = sidecar_transport(target)
     target = redact(target)  # for the messages below
     try:
         with httpx.Client(base_url=base, transport=transport, timeout=timeout) as client:

@@ -75,7 +75,7 @@ class SidecarCodec:
             )
         if not (timeout > 0 and connect_timeout > 0):
             raise ConfigError("SidecarCodec timeouts must be positive seconds")
-        base, transport = _transport(url)
+        base, transport = sidecar_transport(url)
         self._url = redact(url)  # a password in the URL's userinfo never reaches repr() or a message
         self._audience = audience
         self._headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
@@ -208,8 +208,15 @@ def _refused(status: int, doc: dict[str, Any], op: str) -> NoReturn:
     raise BackendUnavailable(f"sidecar answered {status} to {op}")
 
 
-def _transport(url: str) -> tuple[str, httpx.HTTPTransport]:
-    """(base URL, transport) for ``http://host:port`` or ``unix:///path``."""
+def sidecar_transport(url: str) -> tuple[str, httpx.HTTPTransport]:
+    """``(base_url, transport)`` for a sidecar at ``http://host:port``, ``https://host:port`` or ``unix:///path``.
+
+    The transport never retries (``retries=0``): a retry is the caller's decision. Used by `SidecarCodec` and
+    by ``mrtr-keys health``.
+
+    Raises:
+        ConfigError: any other scheme, a Unix socket URL with a host or without a path, or a non-string.
+    """
     if not isinstance(url, str):
         raise ConfigError("the sidecar URL must be a string")
     parsed = urlparse(url)
