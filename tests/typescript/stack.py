@@ -274,16 +274,16 @@ def ts_client_running(url: str, stop_file: Path, *args: str) -> Iterator[dict[st
         summary.update(json.loads(out.strip().splitlines()[-1]))
 
 
-async def _elicit(context: Any, params: Any) -> ElicitResult:
+async def elicit(context: Any, params: Any) -> ElicitResult:
     return answers("eu-west-1")["region"]
 
 
 def _client(url: str, headers: Mapping[str, str] | None) -> Client:
     """A Python SDK client declaring form elicitation (the TS SDK checks the capability before it asks)."""
     if not headers:
-        return Client(url, elicitation_callback=_elicit)
+        return Client(url, elicitation_callback=elicit)
     transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=dict(headers), timeout=30))
-    return Client(transport, elicitation_callback=_elicit)
+    return Client(transport, elicitation_callback=elicit)
 
 
 async def py_first_round(url: str, headers: Mapping[str, str] | None = None) -> str:
