@@ -27,7 +27,8 @@ SOURCE_BLOCK = re.compile(r"^```ts (?P<name>[\w.-]+)\n(?P<text>.*?)^```$", re.M 
 def _env(home: Path, checkout: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MRTR_KEYS_", "MRTR_TS_", "PYTEST_"))}
     env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
-    env["npm_config_cache"] = env.get("npm_config_cache", str(Path.home() / ".npm"))  # the machine's npm cache
+    env["npm_config_cache"] = env.get("npm_config_cache", str(Path.home() / ".npm"))  # the machine's npm cache,
+    env["npm_config_prefer_offline"] = "true"  # used without asking the registry again for what it holds
     env.update({"HOME": str(home), "CHECKOUT": str(checkout), "VIRTUAL_ENV": str(REPO / ".venv")})
     return env
 
