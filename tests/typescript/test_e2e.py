@@ -4,8 +4,9 @@
 One sidecar, ring and set of TS server processes for the module: two servers (A, B) behind a per-request
 round-robin proxy, so every retry lands on the other process; a ``billing`` server (another sidecar client
 and audience, state bound to the ``x-user`` header); a ``short`` server (TTL 0.5 s); and the control, a
-server on the SDK's own HMAC ``createRequestStateCodec``. Rounds are driven by the TS client
-(`@modelcontextprotocol/client`) and by the Python SDK client.
+server on the SDK's own HMAC ``createRequestStateCodec``; and ``once``, whose client (``ts-once``) the
+sidecar holds to single use (``--replay-store`` on the local Redis, ``--single-use-client ts-once``).
+Rounds are driven by the TS client (`@modelcontextprotocol/client`) and by the Python SDK client.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import binascii
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from tests.fixtures.audit import cli
+from tests.fixtures.replay import REDIS_DB, REDIS_HOST, REDIS_PORT
 from tests.fixtures.sidecar import Sidecar, start_sidecar
 from tests.typescript.stack import (
     FROZEN,
@@ -55,6 +58,7 @@ class Stack:
     billing: TsServer
     short: TsServer
     hmac: TsServer
+    once: TsServer
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert cli("init", "--audience", "orders", "--audience", "billing", keystore=ring).code == 0
     secret = _add_client(ring, "ts-orders", "orders")
     billing_secret = _add_client(ring, "ts-billing", "billing")
+    once_secret = _add_client(ring, "ts-once", "orders")
+    prefix = f"mrtr-test-{uuid.uuid4().hex[:12]}:"
+    replay = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB}?prefix={prefix}"
     extra = ("--instance", "ts-e2e-sidecar", "--heartbeat-interval", "0.5")
+    extra += ("--replay-store", replay, "--single-use-client", "ts-once")
     sidecar = start_sidecar(ring, workdir=root / "sidecar", reload_interval=0.2, extra=extra)
     orders = {"MRTR_KEYS_SIDECAR_URL": sidecar.url, "MRTR_KEYS_SIDECAR_SECRET": secret, "MRTR_TS_AUDIENCE": "orders"}
     proxy: RoundRobinProxy | None = None
@@ -81,19 +89,30 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "billing": billing,
         "short": {**orders, "MRTR_TS_TTL": "0.5"},
         "hmac": {"MRTR_TS_CODEC": "hmac", "MRTR_TS_HMAC_KEY": "k" * 32},
+        "once": {**orders, "MRTR_KEYS_SIDECAR_SECRET": once_secret},
     }
     started: list[TsServer] = []
     try:
         started = start_ts_servers(root / "servers", servers)
-        a, b, billing_server, short, hmac = started
+        a, b, billing_server, short, hmac, once = started
         proxy = RoundRobinProxy([a.port, b.port])
-        yield Stack(ring, sidecar, secret, a, b, proxy, billing_server, short, hmac)
+        yield Stack(ring, sidecar, secret, a, b, proxy, billing_server, short, hmac, once)
     finally:
         if proxy is not None:
             proxy.close()
         for server in started:
             server.stop()
         sidecar.stop()
+        _drop_keys(prefix)
+
+
+def _drop_keys(prefix: str) -> None:
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=REDIS_DB)
+    for key in client.scan_iter(match=prefix + "*", count=1000):
+        client.delete(key)
+    client.close()
 
 
 def _add_client(ring: Path, name: str, audience: str) -> str:
@@ -219,6 +238,25 @@ def test_the_audit_log_shows_the_ts_servers_seals_and_unseals(stack: Stack) -> N
     assert {("seal", "ok"), ("unseal", "ok"), ("unseal", "rejected")} <= seen, events[-5:]
     assert {e["client"] for e in events} == {"ts-orders"} and {e["audience"] for e in events} == {"orders"}
     assert all(QUESTION_NOTE not in json.dumps(e) for e in events)
+
+
+def test_single_use_refuses_a_replayed_retry_of_the_client_held_to_it(stack: Stack) -> None:
+    state = anyio.run(py_first_round, stack.once.url)
+    assert anyio.run(py_retry, stack.once.url, state).content[0].text == f"{DONE} (served by once)"  # type: ignore[union-attr]
+    _assert_frozen(_refused(stack.once.url, state))
+    stack.once.wait_reason("rejected")
+    free = anyio.run(py_first_round, stack.proxy.url)  # a client not named keeps today's behaviour
+    for _ in range(2):
+        assert anyio.run(py_retry, stack.proxy.url, free).content[0].text.startswith(DONE)  # type: ignore[union-attr]
+    deadline = time.monotonic() + 20
+    while True:  # the sidecar's audit writer appends in batches
+        res = cli("audit", "query", "--op", "unseal", "--client", "ts-once", "--json", keystore=stack.ring)
+        assert res.code == 0, res.err
+        seen = sorted((e["outcome"], e["reason"]) for e in res.json())
+        if len(seen) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert seen == [("ok", None), ("rejected", "replayed")]
 
 
 def test_two_rotations_under_continuous_rounds_reject_nothing(stack: Stack, tmp_path: Path) -> None:
