@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test fast lint bench clean
+.PHONY: run test fast lint bench clean ts-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,20 @@ lint: $(STAMP)
 WORKERS ?= 4
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist worksteal
+
+# the TypeScript client (clients/typescript, docs/typescript.md): npm ci from the lockfile, type check, node tests
+# against a real `mrtr-keys serve`; without node on PATH, one line and success (CI has node and runs it).
+# `make test` runs the same node tests as one pytest test (tests/typescript/test_node_suite.py), beside the rest.
+TS := clients/typescript
+ts-test: $(STAMP)
+	@if ! command -v node >/dev/null 2>&1; then \
+		echo "TypeScript tests not run: node is not on PATH (clients/typescript needs Node 20 or newer)"; \
+	elif ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then \
+		echo "TypeScript tests need Node 20 or newer; found $$(node --version)" >&2; exit 1; \
+	else \
+		cd $(TS) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build:test \
+			&& MRTR_KEYS_CLI=$(CURDIR)/$(BIN)/mrtr-keys node --test --test-reporter=spec build/test/*.test.js; \
+	fi
 
 # the fast loop: every test but the end-to-end ones (marker e2e: subprocess servers, OpenBao, moto, the CLI)
 fast: $(STAMP)

@@ -18,8 +18,9 @@ import tests.fixtures  # noqa: E402
 pytest_plugins = [f"tests.fixtures.{m.name}" for m in pkgutil.iter_modules(tests.fixtures.__path__)]
 
 
-E2E_DIRS = frozenset({"e2e", "bench", "cli"})
-"""Directories that are end to end as a whole (real MCP flows, the benchmark, the CLI in subprocesses)."""
+E2E_DIRS = frozenset({"e2e", "bench", "cli", "typescript"})
+"""Directories that are end to end as a whole (real MCP flows, the benchmark, the CLI in subprocesses, the
+TypeScript client against real processes)."""
 E2E_FIXTURES = frozenset({"openbao", "openbao_tls", "moto_server", "sidecar_factory", "contract_sidecars", "cli"})
 """Fixtures that start a real service or run the CLI in a subprocess: a test using one is end to end."""
 E2E_MODULES = frozenset(
