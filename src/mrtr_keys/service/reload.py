@@ -269,7 +269,7 @@ class Keeper:
 
             def view() -> Loaded:
                 ring = state.ring
-                note = state.refused or (f"keystore: {state.error}" if state.error else None)
+                note = watcher.stuck_note() or state.refused or (f"keystore: {state.error}" if state.error else None)
                 if note is None and watcher.error:
                     note = f"keystore: {watcher.error}"
                 if note is None and watcher.interval == 0:
