@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.keystores import open_keystore
 from mrtr_keys.keystores.file import FileKeystore
+from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar
 
 INTERVAL = 0.2
@@ -107,3 +114,44 @@ def test_each_unloadable_ring_shows_in_strict_readiness_within_three_intervals(
     for name, seconds in seen.items():
         assert seconds < 3 * INTERVAL + SLACK, (name, seen)
     print("seconds to strict 503:", {k: round(v, 3) for k, v in seen.items()})  # shown with pytest -s
+
+
+def test_a_stuck_watcher_turns_strict_readiness_503_until_the_keystore_answers(
+    tmp_path: Path, sidecar_factory: Any, monkeypatch: pytest.MonkeyPatch, openbao: OpenBao
+) -> None:
+    """The keystore goes silent (the session's OpenBao stopped with SIGSTOP for about a second: connections
+    accepted, nothing answered; its client waits up to 3 s a call): after 3 intervals without a completed
+    check `/readyz` says ``watcher stuck since ...`` (503 strict) while sealing goes on; once the keystore
+    answers again, 200. Before, a blocked watcher left `/readyz?strict=true` at 200 for as long as it was."""
+    env = {**openbao.env(), "BAO_CLIENT_TIMEOUT": "3", "BAO_MAX_RETRIES": "0"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    url = f"vault-kv://secret/mrtr-test/stuck-{secrets.token_hex(4)}"
+    create_ring(open_keystore(url, state_dir=tmp_path / "state"), audiences=("billing",))
+    s: Sidecar = sidecar_factory(url, reload_interval=INTERVAL, env={**env, "MRTR_KEYS_STATE_DIR": str(tmp_path)})
+    secret = s.add_client("c", ["billing"])
+    anon, client = s.http(), s.http(secret)
+    assert anon.get("/readyz", params={"strict": "true"}).status_code == 200
+    os.kill(openbao.proc.pid, signal.SIGSTOP)
+    try:
+        silent = time.monotonic()
+        while True:
+            r = anon.get("/readyz", params={"strict": "true"})
+            if r.status_code == 503:
+                break
+            assert time.monotonic() - silent < BOUND, r.text
+            time.sleep(0.02)
+        stuck_after = time.monotonic() - silent
+        doc = r.json()
+        assert doc["reload_error"].startswith("watcher stuck since ") and doc["watcher"]["stuck_since"]
+        assert anon.get("/readyz").status_code == 200  # not strict: still serving
+        sealed = client.post("/v1/seal", json={"audience": "billing", "payload": b64u(b"on")})
+        assert sealed.status_code == 200  # sealing goes on with the loaded ring
+    finally:
+        os.kill(openbao.proc.pid, signal.SIGCONT)
+    t0 = time.monotonic()
+    while anon.get("/readyz", params={"strict": "true"}).status_code != 200:
+        assert time.monotonic() - t0 < BOUND, s.output()[-2000:]
+        time.sleep(0.02)
+    assert stuck_after < 3 * INTERVAL * 1.2 + 3 * INTERVAL + SLACK, stuck_after  # a wait, 3 intervals, slack
+    print(f"stuck watcher: strict 503 after {stuck_after:.2f} s, 200 again {time.monotonic() - t0:.2f} s after")
