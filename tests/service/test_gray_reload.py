@@ -145,6 +145,7 @@ def test_a_stuck_watcher_turns_strict_readiness_503_until_the_keystore_answers(
         doc = r.json()
         assert doc["reload_error"].startswith("watcher stuck since ") and doc["watcher"]["stuck_since"]
         assert anon.get("/readyz").status_code == 200  # not strict: still serving
+        assert "mrtr_sidecar_ring_watcher_stuck 1.0" in anon.get("/metrics").text
         sealed = client.post("/v1/seal", json={"audience": "billing", "payload": b64u(b"on")})
         assert sealed.status_code == 200  # sealing goes on with the loaded ring
     finally:
@@ -153,5 +154,6 @@ def test_a_stuck_watcher_turns_strict_readiness_503_until_the_keystore_answers(
     while anon.get("/readyz", params={"strict": "true"}).status_code != 200:
         assert time.monotonic() - t0 < BOUND, s.output()[-2000:]
         time.sleep(0.02)
+    assert "mrtr_sidecar_ring_watcher_stuck 0.0" in anon.get("/metrics").text
     assert stuck_after < 3 * INTERVAL * 1.2 + 3 * INTERVAL + SLACK, stuck_after  # a wait, 3 intervals, slack
     print(f"stuck watcher: strict 503 after {stuck_after:.2f} s, 200 again {time.monotonic() - t0:.2f} s after")

@@ -243,6 +243,7 @@ class Keeper:
             state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry, on_error=on_error
         )
         core.watcher = self.watcher
+        core.metrics.watch_watcher(self.watcher)
 
     def start(self) -> None:
         """Write the first heartbeat (when the audit sink has a store) and start the watcher: the app's
