@@ -169,6 +169,28 @@ def test_a_response_the_client_does_not_read_is_cut_after_the_write_timeout(http
             assert len(answer(reader, "/big")) == BIG
 
 
+def test_a_slow_but_steady_reader_is_not_cut(http: str) -> None:
+    """Progress moves the write deadline: 32 KiB read every 0.2 s for 1.5 s (three deadlines) keeps it open."""
+    for server in _server(http, write_timeout=0.5):
+        with server.connect(rcvbuf=4096) as slow:
+            slow.sendall(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
+            got = 0
+            until = time.monotonic() + 1.5
+            while time.monotonic() < until:
+                step = got + 32 * 1024
+                while got < step:
+                    got += len(slow.recv(step - got))
+                time.sleep(0.2)
+            rest, closed = 0, False
+            while got + rest < BIG + 38:  # the head (status line and content-length) and the body
+                chunk = slow.recv(1 << 20)
+                if not chunk:
+                    closed = True
+                    break
+                rest += len(chunk)
+            assert not closed and got + rest >= BIG, (got, rest)
+
+
 def test_one_address_cannot_take_every_connection(http: str) -> None:
     for server in _server(http, max_connections_per_peer=3):
         held = [server.connect() for _ in range(3)]

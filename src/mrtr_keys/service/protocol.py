@@ -135,7 +135,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._chunks = 0
         self._body_seen = 0
         self._write_deadline = math.inf
-        self._write_mark = 0
+        self._write_mark = 0  # the send buffer's size at the last sweep
+        self._write_progress = 0  # bytes it shrank by since the deadline was last set
         self._peer: str | None = None
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -158,6 +159,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _Sweeper.watch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._write_deadline = math.inf
         peer, self._peer = self._peer, None
         if peer is not None:
             peers = _peer_counts(self.server_state)
@@ -195,6 +197,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """The transport's buffer passed its high-water mark: the write deadline starts."""
         super().pause_writing()
         self._write_mark = self.transport.get_write_buffer_size()
+        self._write_progress = 0
         self._write_deadline = self.loop.time() + self._limits.write_timeout
 
     def resume_writing(self) -> None:
@@ -273,8 +276,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         ``write_timeout``; the deadline moves on with every `WRITE_PROGRESS_BYTES` the client reads."""
         transport = self.transport
         size = transport.get_write_buffer_size()
-        if size <= self._write_mark - WRITE_PROGRESS_BYTES:
-            self._write_mark = size
+        if size == 0 and transport.is_closing():
+            return True  # gone (connection_lost) or flushed while closing: nothing left to watch
+        self._write_progress += max(0, self._write_mark - size)  # what the client read (a later write adds)
+        self._write_mark = size
+        if self._write_progress >= WRITE_PROGRESS_BYTES:
+            self._write_progress = 0
             self._write_deadline = now + self._limits.write_timeout
             return False
         if now < self._write_deadline:
