@@ -245,7 +245,10 @@ class RingWatcher:
 
     def wake(self) -> None:
         """Check now, with a full read whatever the revision says (the sidecar's SIGHUP); with the
-        thread off (interval 0), in a one-off thread."""
+        thread off (interval 0), in a one-off thread. A stuck watcher cannot be woken: that is logged."""
+        note = self.stuck_note()
+        if note is not None:
+            log.warning("key ring check requested; it waits for the check in progress: %s", note)
         self._force = True
         if self.running:
             self._wake.set()
