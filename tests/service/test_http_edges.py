@@ -5,7 +5,7 @@ Before: 301 MB of chunked trailers took an authenticated sidecar from 116 to 430
 ``POST /healthz``: 591 MB); 40 clients that never read a ~4 MB seal response kept their connections and
 buffers for good (86 -> 263 MB); one address holding ~4,100 sockets made 42 of 69 probes of another client
 get 503. Here, with small limits so it takes seconds (``write_timeout = 1``, ``--max-connections-per-peer
-32``): 64 MB of trailers on each of two connections, 12 readers that never read a 4 MB response, and one
+32``): 64 MB of trailers on each of two connections, 4 readers that never read a 4 MB response, and one
 address opening 300 connections, while a client on another loopback address (127.0.0.2) seals and probes
 throughout. RSS is sampled from /proc all along and must stay within 64 MB of the warmed-up baseline.
 """
@@ -27,7 +27,7 @@ WRITE_TIMEOUT = 1.0
 PER_PEER = 32
 RSS_MARGIN = 64 * 1024 * 1024
 BOUND = 15.0
-READERS = 12
+READERS = 4
 
 
 def b64u(data: bytes) -> str:
@@ -195,8 +195,6 @@ def test_trailers_slow_readers_and_one_greedy_peer_leave_rss_bounded_and_others_
     assert normal.failed == [] and normal.ok > 10, (normal.ok, normal.failed[:5])
     mib = {name: (peak - baseline) >> 20 for name, peak in peaks.items()}
     print(f"RSS baseline {baseline >> 20} MiB; peak above it by phase (MiB): {mib}; normal client: {normal.ok} rounds")
-    for name in ("trailers", "one greedy peer"):
+    for name in ("trailers", "slow readers", "one greedy peer"):
         assert peaks[name] - baseline < RSS_MARGIN, mib
-    # the readers' 4 MB answers are held until their write deadline (READERS x ~8 MB at most), then freed
-    assert peaks["slow readers"] - baseline < RSS_MARGIN + READERS * 8 * 1024 * 1024, mib
     assert s.proc.poll() is None
