@@ -27,6 +27,8 @@ import uvicorn
 from mrtr_keys.service.protocol import ConnectionLimits
 from mrtr_keys.service.server import HTTP_PROTOCOLS
 
+pytestmark = pytest.mark.e2e  # a real server and multi-second deadlines: out of the fast loop
+
 BOUND = 10.0
 BIG = 4 * 1024 * 1024
 
