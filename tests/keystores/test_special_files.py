@@ -27,6 +27,8 @@ BOUND = 5.0
 """Seconds a load may take before the test calls it wedged (a bound, not a timed assertion)."""
 INTERVAL = 0.1
 """The watchers' interval here (seconds): what they report is due within 3 of them."""
+SLACK = 1.0
+"""Seconds added to 3 intervals for a busy shared machine (thread scheduling)."""
 
 
 def bounded(fn: Callable[[], object]) -> BaseException | None:
@@ -98,11 +100,14 @@ def test_the_watcher_reports_a_special_file_within_three_intervals_and_keeps_ser
         assert time.monotonic() - placed < BOUND, "never reported"
         time.sleep(0.01)
     reported = time.monotonic() - placed
-    assert reported < 3 * INTERVAL * 1.2 + 0.2, reported  # jittered waits, plus a busy machine's slack
+    assert reported < 3 * INTERVAL + SLACK, reported
     assert "not a regular file" in watcher.error or "symlink" in watcher.error
     last = watcher.last_check
-    time.sleep(3 * INTERVAL)
-    assert watcher.running and watcher.last_check != last and watcher.stuck_since() is None  # still checking
+    deadline = time.monotonic() + BOUND
+    while watcher.last_check == last:  # still checking: never wedged
+        assert time.monotonic() < deadline, "no check completed since"
+        time.sleep(0.01)
+    assert watcher.running and watcher.stuck_since() is None
     assert codec.unseal(token) == b"before"  # the last good ring serves
     if keystore_path.is_dir() and not keystore_path.is_symlink():
         keystore_path.rmdir()
