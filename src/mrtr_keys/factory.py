@@ -35,10 +35,12 @@ def open_codec(
 
     A `mrtr_keys.keystores.watch.RingWatcher` (daemon thread, the codec's ``watcher`` attribute)
     checks the keystore every `reload_every` seconds (default 2, with jitter) and reloads when the
-    ring changed; 0 turns that off (logged). With an audit `observer`, the instance also writes
-    presence heartbeats (`mrtr_keys.fleet.presence`, the codec's ``presence`` attribute) every
-    `heartbeat_every` seconds (default 10) under the name `instance` (default
-    ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
+    ring changed; 0 turns that off (logged). The watcher's ``last_check`` is the POSIX time of its last
+    completed check and ``stuck_since()`` says when none has completed for 3 intervals (a keystore call
+    that never returns; the heartbeat then carries ``watcher stuck since ...``). With an audit
+    `observer`, the instance also writes presence heartbeats (`mrtr_keys.fleet.presence`, the codec's
+    ``presence`` attribute) every `heartbeat_every` seconds (default 10) under the name `instance`
+    (default ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.

@@ -89,8 +89,12 @@ def test_reload_refuses_an_older_generation_and_keeps_sealing_with_the_loaded_on
     assert loads.generations == [1, 2]  # a refused reload reports nothing
 
     run_step(FileKeystore(path), "begin")  # from generation 1 on disk: a generation 2 with other keys
+    assert codec.reload() is False  # refused too (issue 22): tokens of the loaded generation 2 keep opening
+    assert codec.reload_refused is not None and "like the loaded one" in codec.reload_refused
+    assert codec.unseal(token) == b"sealed on generation 2"
+    run_step(FileKeystore(path), "promote")  # a new generation: the ring moves forward again
     assert codec.reload() is True and codec.reload_refused is None
-    assert loads.generations == [1, 2, 2]
+    assert loads.generations == [1, 2, 3]
 
 
 @pytest.mark.parametrize("kind", CODECS)

@@ -206,6 +206,8 @@ def test_by_default_a_stalled_connection_is_closed_within_10_s() -> None:
         ("keep_alive_timeout", 1e9),
         ("max_header_bytes", 10),
         ("max_connections", 0),
+        ("max_connections_per_peer", 0),
+        ("write_timeout", float("inf")),
         ("http", "h2"),
     ],
 )

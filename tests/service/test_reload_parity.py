@@ -1,9 +1,9 @@
 """The sidecar and a library codec switch generations by one rule (`mrtr_keys.codecs.generations`).
 
-Given the same sequence of stored rings (a newer generation, an older one, another ring_id, a corrupt
-document, a newer one again), the sidecar's `RingState` and a `LocalAESGCMCodec` end each step on the
-same generation with the same refusal, and report the same generations (our decision, issue 25: one
-reload contract; docs/architecture.md, journey 2).
+Given the same sequence of stored rings (a newer generation, an older one, another ring_id, the same
+generation with other keys, a corrupt document, a newer one again), the sidecar's `RingState` and a
+`LocalAESGCMCodec` end each step on the same generation with the same refusal, and report the same
+generations (our decision, issue 25: one reload contract; docs/architecture.md, journey 2).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ def test_the_sidecar_and_a_library_codec_end_in_the_same_state_after_the_same_ri
     shutil.copyfile(path, g1)
     other = tmp_path / "other.json"
     create_ring(FileKeystore(other), audiences=("svc",))
+    twin = tmp_path / "twin.json"  # generation 2 of this ring, with another new key than the one loaded
+    shutil.copyfile(path, twin)
+    twin.chmod(0o600)
+    run_step(FileKeystore(twin), "begin")
     run_step(FileKeystore(other), "begin")
     run_step(FileKeystore(other), "promote")  # generation 3 of another ring
 
@@ -73,6 +77,10 @@ def test_the_sidecar_and_a_library_codec_end_in_the_same_state_after_the_same_ri
     assert (generation, switched) == (2, False) and refused is not None and "older" in refused
     generation, refused, switched = step(other)  # another ring_id, higher generation: refused by both
     assert (generation, switched) == (2, False) and refused is not None and "another ring" in refused
+    sealed_by_2 = codec.seal(b"sealed under generation 2")
+    generation, refused, switched = step(twin)  # generation 2 again, other keys: refused (issue 22)
+    assert (generation, switched) == (2, False) and refused is not None and "like the loaded one" in refused
+    assert codec.unseal(sealed_by_2) == b"sealed under generation 2"  # the last good ring kept
     generation, refused, switched = step(None)  # corrupt: both keep generation 2 and say why
     assert (generation, switched) == (2, False) and sidecar.error is not None
     generation, refused, switched = step(backup_of_2)  # the ring in use again: unchanged, refusal cleared

@@ -52,6 +52,21 @@ def serve(
             help="corked (one write per response) or httptools (uvicorn's own writes) [default: corked].",
         ),
     ] = None,
+    max_connections_per_peer: Annotated[
+        int | None,
+        typer.Option(
+            "--max-connections-per-peer",
+            envvar="MRTR_KEYS_MAX_CONNECTIONS_PER_PEER",
+            help="Connections one client address may hold open; beyond: 503 [default: 256].",
+        ),
+    ] = None,
+    write_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--write-timeout",
+            help="Seconds a response write may make no progress before the connection is cut [default: 10].",
+        ),
+    ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="Log lines as text or json [default: text].")
     ] = None,
@@ -97,6 +112,8 @@ def serve(
         single_use_audiences=tuple(single_use_audience) if single_use_audience else None,
         on_replay_store_error=on_replay_store_error,
         http=http,
+        max_connections_per_peer=max_connections_per_peer,
+        write_timeout=write_timeout,
         audit=root_audit(),  # the root --audit / MRTR_KEYS_AUDIT, --state-dir and the log format, passed on
         state_dir=root_state_dir(),  # to the workers in their settings (never through the environment)
         log_format=chosen,

@@ -4,8 +4,9 @@
 (`mrtr_keys.service.reload`) both read the stored ring and ask `next_ring` what to do with it:
 
 * ``unchanged``: it is the ring in use (equal in every field);
-* ``refused``: it must not replace the ring in use (`reload_refusal`: a lower generation, or another
-  ``ring_id``); a WARNING is logged once per distinct reason, and the caller keeps the reason for readiness;
+* ``refused``: it must not replace the ring in use (`reload_refusal`: a lower generation, the same
+  generation with other content, or another ``ring_id``); a WARNING is logged once per distinct reason,
+  and the caller keeps the reason for readiness;
 * ``switch``: the caller builds its codec(s) for it, installs them in one assignment and reports the new
   generation (``ring_loaded`` on the codec's observer; the sidecar's audit sink).
 
@@ -38,7 +39,13 @@ def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:
 
     A reload only moves forward on the same ring: a lower generation (a keystore restored from
     a backup, a stale replica) would bring back keys a rotation retired, and another ``ring_id``
-    is another ring altogether (a wrong path or URL).
+    is another ring altogether (a wrong path or URL). The generation is the ring's version: every
+    change through `mrtr_keys.changes.apply` writes a higher one (the keystores' compare-and-swap
+    refuses anything else), so the same generation with other content (keys, scope, TTL) is a ring
+    edited or replaced behind the tools' back, and loading it would silently stop tokens of a
+    replaced key from opening (issue 22). It is refused like a lower one.
+
+    `loaded` and `stored` are assumed to differ (`next_ring` checks equality first).
     """
     if stored.ring_id != loaded.ring_id:
         return (
@@ -51,6 +58,12 @@ def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:
             f"the stored key ring has generation {stored.generation}, older than the loaded generation "
             f"{loaded.generation} (restored from a backup?); still using generation {loaded.generation}. "
             "To put a backup back, write it as a new generation: mrtr-keys rotate restore FILE"
+        )
+    if stored.generation == loaded.generation:
+        return (
+            f"the stored key ring has generation {stored.generation} like the loaded one but other content "
+            f"(edited or replaced outside mrtr-keys?); still using generation {loaded.generation}. Every change "
+            "must write a new generation: put the intended ring back with mrtr-keys rotate restore FILE"
         )
     return None
 

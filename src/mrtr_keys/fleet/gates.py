@@ -8,6 +8,9 @@
   *sealing* within the last TTL (tokens it sealed stay valid for a TTL). The time gate (promote +
   TTL + 60 s) lives in `mrtr_keys.changes.rotation`; `evaluate` reports it too, as ``TTL``.
 
+A live instance whose ring watcher is stuck (its note says ``watcher stuck since ...``) counts as not
+having loaded anything newer than it reports, and holds both gates until it checks again (issue 22).
+
 A crashed instance stops counting once its heartbeat is stale; a stopped one (clean shutdown) at
 once, so a restarted fleet does not hold promote back under its old names. Refusals raise `NotYet`
 (exit 75) naming the instances. ``--force`` overrides; so does a narrowed ``--window SECONDS``
@@ -142,7 +145,9 @@ def evaluate(store: AuditStore | None, ring: KeyRing, now: datetime, *, window: 
     else:
         step, target = "retire", _generation_of(store, "promote", st.new.kid if st.new else None, ring.generation)
     live = live_instances(store, ring, now, window) if store is not None else []
-    lagging = [r for r in live if r.generation is None or r.generation < target]
+    # A stuck watcher loads nothing newer: such an instance holds promote (it will not learn the new key)
+    # and retire (it would keep opening tokens of the retired key) whatever generation it reports.
+    lagging = [r for r in live if r.generation is None or r.generation < target or r.watcher_stuck]
     waits: list[Wait] = []
     if lagging:
         names = "; ".join(
@@ -155,7 +160,9 @@ def evaluate(store: AuditStore | None, ring: KeyRing, now: datetime, *, window: 
             Wait(
                 INSTANCES,
                 None,
-                f"{len(lagging)} of {len(live)} live instance(s) have not loaded generation {target}: {names}",
+                f"{len(lagging)} of {len(live)} live instance(s) have not loaded generation {target}"
+                + (" or have a stuck ring watcher" if any(r.watcher_stuck for r in lagging) else "")
+                + f": {names}",
             )
         )
     if step == "retire":

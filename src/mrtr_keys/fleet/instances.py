@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from mrtr_keys.audit.events import parse_event_time
 from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.keystores.watch import STUCK_NOTE
 
 if TYPE_CHECKING:
     from mrtr_keys.audit.stores.base import AuditStore
@@ -131,6 +132,12 @@ class InstanceRecord:
             self.state,
             self.note,
         )
+
+    @property
+    def watcher_stuck(self) -> bool:
+        """True when the instance reported its ring watcher stuck (no check completed in 3 intervals,
+        `mrtr_keys.keystores.watch.STUCK_NOTE`): whatever generation it reports, it loads nothing newer."""
+        return bool(self.note and self.note.startswith(STUCK_NOTE))
 
     def age(self, now: float) -> float:
         """Seconds since the last heartbeat at POSIX time `now`."""

@@ -9,11 +9,12 @@ version, ...), one row a name replaced each time; at once when it starts and whe
 generation; and a ``stopped`` row on a clean shutdown (SIGTERM, interpreter exit, or when every codec
 it reported on is gone).
 
-An instance is **live** while its last heartbeat is younger than `LIVE_INTERVALS` of its own
-intervals, **stale** after that (it crashed or cannot reach the store: it stops counting), and
-**stopped** at once after a clean shutdown. The rotation gates (`mrtr_keys.fleet.gates`) and
-``mrtr-keys fleet status`` read this. Heartbeat times come from an injectable clock, so tests of
-liveness never sleep.
+An instance is **live** while its last heartbeat is younger than `LIVE_INTERVALS` of its own intervals,
+**stale** after that (it crashed or cannot reach the store: it stops counting), and **stopped** at once
+after a clean shutdown. A live instance whose ring watcher is stuck says so in its note (``watcher stuck
+since ...``, `mrtr_keys.keystores.watch.RingWatcher.stuck_note`). The rotation gates
+(`mrtr_keys.fleet.gates`) and ``mrtr-keys fleet status`` read this. Heartbeat times come from an
+injectable clock, so tests of liveness never sleep.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from mrtr_keys.fleet.instances import (
     instance_name,
     read_instances,
 )
+from mrtr_keys.keystores.watch import STUCK_NOTE
 from mrtr_keys.version import __version__
 
 if TYPE_CHECKING:
@@ -140,7 +142,7 @@ class Presence:
         if not views:
             return None
         low = min(views, key=lambda v: v.generation)  # the gates care about the most lagging codec
-        notes = [v.note for v in views if v.note]
+        notes = sorted((v.note for v in views if v.note), key=lambda n: not n.startswith(STUCK_NOTE))
         return InstanceRecord(
             name=self.name,
             host=socket.gethostname(),
@@ -284,8 +286,11 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
             return None
         ring = target.ring
         refused = getattr(target, "reload_refused", None)
-        if refused:
-            note: str | None = f"refused a ring: {refused}"
+        stuck = watcher.stuck_note() if watcher is not None else None
+        if stuck:
+            note: str | None = stuck
+        elif refused:
+            note = f"refused a ring: {refused}"
         elif watcher is None:
             note = "reload off"
         elif watcher.error:

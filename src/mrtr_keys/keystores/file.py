@@ -100,8 +100,10 @@ class FileKeystore:
         return parse_ring(read_private_file(self.path, "key ring", max_bytes=MAX_RING_BYTES, missing=missing))
 
     def revision(self) -> str:
-        """``inode:size:mtime_ns`` of the ring file: every write renames a new file over it (a new
-        inode), so any change shows; one ``stat``, no read.
+        """``inode:size:mtime_ns:mode:uid:gid`` of the ring file, one ``stat`` and no read: every write
+        renames a new file over it (a new inode), so any change shows; and so does a ``chmod`` or
+        ``chown`` that would make a restart refuse the file (mode 0644), at the next check, not at
+        the next restart (issue 22).
 
         Raises:
             KeyRingNotFound: no file; KeystoreError: it cannot be examined.
@@ -112,7 +114,7 @@ class FileKeystore:
             raise KeyRingNotFound(f"no key ring at {self.path} (create one with: mrtr-keys init)") from None
         except OSError as exc:
             raise KeystoreError(f"cannot examine key ring {self.path}: {exc.strerror}") from None
-        return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_mode:o}:{st.st_uid}:{st.st_gid}"
 
     def create(self, ring: KeyRing) -> None:
         with self.locked():

@@ -72,7 +72,7 @@ class MountedKeystore:
         return self.path.exists()
 
     def revision(self) -> str | None:
-        """The ``..data`` link's target (or the file's inode, size and mtime); None when there is no ring.
+        """The ``..data`` link's target (or the file's inode, size, mtime, mode and owner); None when there is no ring.
 
         Raises:
             KeystoreError: the mount cannot be read.
@@ -86,7 +86,7 @@ class MountedKeystore:
             return None
         except OSError as exc:
             raise KeystoreError(f"cannot check key ring {self.path}: {exc.strerror}") from None
-        return f"stat:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        return f"stat:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_mode:o}:{st.st_uid}:{st.st_gid}"
 
     def load(self) -> KeyRing:
         """Read the ring as the kubelet last published it.

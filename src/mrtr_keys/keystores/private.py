@@ -12,6 +12,12 @@ Two cases, decided by the file's directory:
   writes Secret files as ``root:fsGroup`` with ``defaultMode`` (0440 for a non-root reader) and
   nobody can ``chmod`` them there. Group write and every bit for others are still refused: a
   world-readable key ring is an exposure wherever it is.
+
+Whatever the directory, the path is examined (``stat``) before it is opened and anything but a regular
+file (a FIFO, a device such as ``/dev/zero``, a directory, a socket) is refused in one line without
+opening it; the open itself is non-blocking (``O_NONBLOCK``), and what was opened is checked again (it
+may have been replaced in between). So a read never waits on a FIFO with no writer or a device that
+never ends: the ring watcher that calls this cannot wedge on what sits at the ring's path (issue 22).
 """
 
 from __future__ import annotations
@@ -32,6 +38,26 @@ def is_read_only_mount(directory: Path) -> bool:
     return os.path.islink(directory / KUBELET_DATA_LINK) or (directory.is_dir() and not writable_dir(directory))
 
 
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` names, for messages: ``regular file``, ``FIFO``, ``directory``, ..."""
+    for test, name in (
+        (stat.S_ISREG, "regular file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISLNK, "symlink"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _not_regular(what: str, path: Path, mode: int) -> KeystoreError:
+    return KeystoreError(f"{what} {path} is a {file_kind(mode)}, not a regular file; refusing to read it")
+
+
 def read_private_file(path: Path, what: str, *, max_bytes: int, missing: Exception | None = None) -> bytes:
     """The bytes of the file at `path`, after the checks in the module docstring.
 
@@ -41,16 +67,29 @@ def read_private_file(path: Path, what: str, *, max_bytes: int, missing: Excepti
         missing: raised when the file does not exist (default: a `KeystoreError`).
 
     Raises:
-        KeystoreError: unreadable, not a regular file, a symlink (off a mount) or one leaving the
-            mount, a mode open to others (or to the group, off a mount), or too large.
+        KeystoreError: unreadable, not a regular file (FIFO, device, directory, socket), a symlink
+            (off a mount) or one leaving the mount, a mode open to others (or to the group, off a
+            mount), or too large. Never blocks on what the path names (see the module docstring).
     """
     directory = path.parent
     mounted = is_read_only_mount(directory)
-    flags = os.O_RDONLY | (0 if mounted else getattr(os, "O_NOFOLLOW", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if mounted and os.path.islink(path):
         real_dir = os.path.realpath(directory)
         if os.path.commonpath([real_dir, os.path.realpath(path)]) != real_dir:
             raise KeystoreError(f"{what} {path} is a symlink that leaves its mount {directory}")
+    if not mounted:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        seen = os.stat(path) if mounted else os.lstat(path)
+    except FileNotFoundError:
+        raise (missing or KeystoreError(f"no {what} at {path}")) from None
+    except OSError as exc:
+        raise KeystoreError(f"cannot examine {what} {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(seen.st_mode):
+        raise KeystoreError(f"{what} {path} is a symlink; refusing to follow it (point the keystore at the file)")
+    if not stat.S_ISREG(seen.st_mode):
+        raise _not_regular(what, path, seen.st_mode)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -58,9 +97,9 @@ def read_private_file(path: Path, what: str, *, max_bytes: int, missing: Excepti
     except OSError as exc:
         raise KeystoreError(f"cannot open {what} {path}: {exc.strerror}") from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):  # replaced between the look and the (non-blocking) open
         os.close(fd)
-        raise KeystoreError(f"{what} {path} is not a regular file")
+        raise _not_regular(what, path, st.st_mode)
     with os.fdopen(fd, "rb") as f:
         mode = stat.S_IMODE(st.st_mode)
         if mounted and mode & (stat.S_IRWXO | stat.S_IWGRP | stat.S_IXGRP):

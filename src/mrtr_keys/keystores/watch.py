@@ -12,6 +12,13 @@ once per distinct message (WARNING); the loaded ring stays in use and the next c
 the watcher recovers by itself when the keystore comes back. It is a daemon thread with a stop
 (`stop()`), one check at a time, each bounded by the keystore's own timeouts. An `interval` of 0
 turns watching off; `watch_codec` says so in the log.
+
+Liveness: every check that completes (loaded, unchanged or failed) records its time (`last_check`).
+A check that never returns (a keystore call with no deadline, a filesystem that hangs) would leave
+the instance serving an old ring while looking healthy, so once the last completed check is older
+than `STUCK_INTERVALS` intervals the watcher calls itself stuck (`stuck_since`, `stuck_note`): the
+sidecar's ``/readyz`` (503 in strict mode), the presence heartbeat, ``mrtr-keys fleet status`` and the
+rotation gates (`mrtr_keys.fleet.gates`) all read that (issue 22).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.errors import ConfigError, MrtrKeysError
@@ -41,6 +49,15 @@ _JITTER = random.Random()  # noqa: S311 (jitter, not a secret)
 
 JITTER = 0.2
 """Each wait is ``interval * uniform(1 - JITTER, 1 + JITTER)``."""
+STUCK_INTERVALS = 3
+"""A running watcher whose last completed check is older than this many intervals is stuck."""
+STUCK_NOTE = "watcher stuck since"
+"""How a stuck watcher's note begins (presence rows carry it; `mrtr_keys.fleet.gates` looks for it)."""
+
+
+def utc_text(when: float) -> str:
+    """POSIX time `when` as ``2026-12-02T11:50:03Z`` (whole seconds, UTC)."""
+    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class WatchedGone(Exception):
@@ -81,7 +98,8 @@ class RingWatcher:
 
     Attributes:
         error: why the last check failed, or None. checks / reads: counts of cheap checks and
-        full reads. last_ok: POSIX time of the last successful check.
+        full reads. last_ok: POSIX time of the last successful check. last_check: POSIX time of the
+        last completed check, successful or not (None before the first).
 
     Raises (constructor):
         ConfigError: a bad interval.
@@ -109,6 +127,9 @@ class RingWatcher:
         self.checks = 0
         self.reads = 0
         self.last_ok: float | None = None
+        self.last_check: float | None = None
+        self._since = (time.time(), time.monotonic())
+        """(POSIX, monotonic) time of the last completed check, else of `start()`: what `stuck_since` measures."""
         self._revision: str | None = None
         self._force = True  # the first check always reads (see the module docstring)
         self._wake = threading.Event()
@@ -123,6 +144,27 @@ class RingWatcher:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def stuck_since(self, now: float | None = None) -> float | None:
+        """POSIX time of the last completed check (or of `start()`) when that is more than
+        `STUCK_INTERVALS` intervals before `now` (monotonic seconds, default now) while the thread is
+        meant to run; else None. Never stuck with watching off (interval 0) or before `start()`."""
+        if self._thread is None or self._stopping or self.interval == 0:
+            return None
+        wall, mono = self._since
+        now = time.monotonic() if now is None else now
+        return wall if now - mono > STUCK_INTERVALS * self.interval else None
+
+    def stuck_note(self, now: float | None = None) -> str | None:
+        """``watcher stuck since 2026-12-02T11:50:03Z (...)`` when `stuck_since` says so, else None.
+        The text stays the same while it stays stuck (a heartbeat writes it only when it changes)."""
+        since = self.stuck_since(now)
+        if since is None:
+            return None
+        return (
+            f"{STUCK_NOTE} {utc_text(since)} (no key ring check completed in {STUCK_INTERVALS} intervals of "
+            f"{self.interval:g} s; the loaded ring may be behind the keystore)"
+        )
+
     def next_delay(self) -> float:
         """Seconds until the next check: `interval` scaled by a factor in [1 - JITTER, 1 + JITTER]."""
         return self.interval * (1 - JITTER + 2 * JITTER * self._rng())
@@ -133,34 +175,43 @@ class RingWatcher:
         Never raises `MrtrKeysError` (it lands in `error`); raises `WatchedGone` from `reload`.
         """
         with self._check_lock:
-            self.checks += 1
             try:
-                if self._every_check is not None:
-                    self._every_check()
-                rev = self.keystore.revision()
-                if rev is not None and rev == self._revision and not self._force:
-                    self._ok()
-                    return False
-                self._force = False
-                self.reads += 1
-                switched = bool(self._reload())
-            except WatchedGone:
-                raise
-            except MrtrKeysError as exc:
-                self._fail(str(exc), logged=isinstance(exc, ReloadFailed))
-                return False
-            except Exception as exc:  # the watcher must survive anything; the error stays visible
-                log.exception("key ring check failed")
-                self._fail(f"{type(exc).__name__}: {exc}", logged=True)
-                return False
-            self._revision = rev
-            self._ok()
-        if self.on_switch is not None:
+                read, switched = self._check()
+            finally:  # completed, whatever the outcome: the watcher is alive (`stuck_since`)
+                self.last_check = time.time()
+                self._since = (self.last_check, time.monotonic())
+        if read and self.on_switch is not None:
             try:
                 self.on_switch()
             except Exception:
                 log.exception("after a key ring reload")
         return switched
+
+    def _check(self) -> tuple[bool, bool]:
+        """The check proper (lock held): (whether the ring was read and used, whether it switched)."""
+        self.checks += 1
+        try:
+            if self._every_check is not None:
+                self._every_check()
+            rev = self.keystore.revision()
+            if rev is not None and rev == self._revision and not self._force:
+                self._ok()
+                return False, False
+            self._force = False
+            self.reads += 1
+            switched = bool(self._reload())
+        except WatchedGone:
+            raise
+        except MrtrKeysError as exc:
+            self._fail(str(exc), logged=isinstance(exc, ReloadFailed))
+            return False, False
+        except Exception as exc:  # the watcher must survive anything; the error stays visible
+            log.exception("key ring check failed")
+            self._fail(f"{type(exc).__name__}: {exc}", logged=True)
+            return False, False
+        self._revision = rev
+        self._ok()
+        return True, switched
 
     def _ok(self) -> None:
         if self.error is not None:
@@ -186,13 +237,18 @@ class RingWatcher:
     def start(self) -> RingWatcher:
         """Start the daemon thread (not when `interval` is 0). Returns self."""
         if self.interval > 0 and self._thread is None:
+            if self.last_check is None:
+                self._since = (time.time(), time.monotonic())
             self._thread = threading.Thread(target=self._run, name="mrtr-keys-ring-watcher", daemon=True)
             self._thread.start()
         return self
 
     def wake(self) -> None:
         """Check now, with a full read whatever the revision says (the sidecar's SIGHUP); with the
-        thread off (interval 0), in a one-off thread."""
+        thread off (interval 0), in a one-off thread. A stuck watcher cannot be woken: that is logged."""
+        note = self.stuck_note()
+        if note is not None:
+            log.warning("key ring check requested; it waits for the check in progress: %s", note)
         self._force = True
         if self.running:
             self._wake.set()

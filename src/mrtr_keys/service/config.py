@@ -21,6 +21,8 @@ over the file, the file wins over the defaults::
     body_timeout = 5.0                        # seconds for a request body to arrive after its head (else closed)
     keep_alive_timeout = 8.0                  # seconds an idle kept-alive connection stays open
     max_connections = 4096                    # connections beyond it get 503 too_many_connections
+    max_connections_per_peer = 256            # from one client address (else --max-connections-per-peer)
+    write_timeout = 10.0                      # seconds a response write may make no progress (else closed)
     audit = "sqlite:///var/lib/mrtr/audit.db"  # else MRTR_KEYS_AUDIT, else audit.db beside the ring; "off"
     strict_audit = false                      # true: a failing audit sink fails the request (503)
     log_format = "json"                       # else --log-format / MRTR_KEYS_LOG_FORMAT, else text
@@ -65,6 +67,10 @@ DEFAULT_BODY_TIMEOUT = 5.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 8.0
 """Longer than httpx's 5 s pool expiry (`SidecarCodec`), so a client never reuses a connection we just closed."""
 DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_MAX_CONNECTIONS_PER_PEER = 256
+"""Connections one client address may hold open at once (so one peer cannot take all `DEFAULT_MAX_CONNECTIONS`)."""
+DEFAULT_WRITE_TIMEOUT = 10.0
+"""Seconds a response may sit in the send buffer without the client reading (16 KiB) before the connection is cut."""
 MAX_TIMEOUT = 3600.0
 
 
@@ -96,6 +102,8 @@ class ServiceConfig:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
     instance: str | None = None
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
 
@@ -140,7 +148,8 @@ class ServiceConfig:
             raise ConfigError(f"http must be one of {', '.join(HTTP_CHOICES)}")
         _int_in("max_header_bytes", self.max_header_bytes, 1024, 1024 * 1024)
         _int_in("max_connections", self.max_connections, 1, 1_000_000)
-        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+        _int_in("max_connections_per_peer", self.max_connections_per_peer, 1, 1_000_000)
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "write_timeout"):
             _seconds(name, getattr(self, name))
 
     def with_overrides(self, **changes: Any) -> ServiceConfig:

@@ -6,6 +6,8 @@
 * ``mrtr_sidecar_request_duration_seconds{route}``: latency per HTTP request, histogram.
 * ``mrtr_sidecar_ring_generation``: the loaded key ring's generation.
 * ``mrtr_sidecar_ring_stale``: 1 while the stored ring cannot be loaded and the last good one is serving.
+* ``mrtr_sidecar_ring_watcher_last_check_timestamp_seconds``: when the ring watcher last completed a
+  keystore check; ``mrtr_sidecar_ring_watcher_stuck``: 1 while none has completed for 3 intervals.
 * ``mrtr_sidecar_reloads_total{result}``: keystore / registry reload attempts (``switched``, ``failed``).
 * ``mrtr_sidecar_rejections_total{reason}``: tokens the codec refused, by its reason code (``unknown kid``,
   ``retired kid``, ``seal`` (tag mismatch), ``malformed``, ``too long``, ``version``, ``vault refused``).
@@ -104,6 +106,10 @@ class SidecarMetrics:
         """Export the phase, the load time and the codec rejections of `ring` (a `RingState`), at scrape time."""
         self.registry.register(_RingCollector(ring))
 
+    def watch_watcher(self, watcher: Any) -> None:
+        """Export the ring watcher's last completed check and whether it is stuck (at scrape time)."""
+        self.registry.register(_WatcherCollector(watcher))
+
     def render(self) -> bytes:
         """The text exposition format (``text/plain; version=0.0.4``)."""
         return generate_latest(self.registry)
@@ -129,6 +135,26 @@ class _AuditCollector(Collector):
                 "Requests made to wait for the audit writer (queue past its high-water mark).",
                 value=slowed,
             )
+
+
+class _WatcherCollector(Collector):
+    """Reads the sidecar's `RingWatcher` at scrape time."""
+
+    def __init__(self, watcher: Any) -> None:
+        self._watcher = watcher
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        last = self._watcher.last_check
+        yield GaugeMetricFamily(
+            "mrtr_sidecar_ring_watcher_last_check_timestamp_seconds",
+            "When the ring watcher last completed a keystore check (Unix time, seconds; 0: never).",
+            value=float(last or 0.0),
+        )
+        yield GaugeMetricFamily(
+            "mrtr_sidecar_ring_watcher_stuck",
+            "1 while the ring watcher has completed no keystore check for 3 intervals.",
+            value=0.0 if self._watcher.stuck_since() is None else 1.0,
+        )
 
 
 class _RingCollector(Collector):

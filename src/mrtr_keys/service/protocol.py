@@ -11,6 +11,15 @@ discards what still arrives for up to `LINGER_SECONDS`), so the client reads the
 reset. Deadlines are checked by one sweep per `SWEEP_SECONDS` over the open connections (a request costs
 two float stores, not a timer), so a stalled connection is closed within its timeout plus that.
 
+Three more hold what uvicorn leaves open (issue 22): the **trailers** of a chunked body (and its chunk
+framing beyond `CHUNK_ALLOWANCE` bytes a chunk) count against ``max_header_bytes`` as they stream in, and a
+connection over it is closed (httptools buffers a trailer value whole, and uvicorn appends trailers to the
+request's headers; they are dropped here, since ASGI has no request trailers); a response **write** that
+makes no progress (the transport's buffer, above its high-water mark, shrinks by less than
+`WRITE_PROGRESS_BYTES`) for ``write_timeout`` seconds aborts the connection and frees its buffer; and a
+connection opened while ``max_connections_per_peer`` from the same address are open gets 503
+``{"error":"too_many_connections_from_peer"}`` (a Unix socket has no peer address: only the global cap).
+
 The hooks are the asyncio protocol methods and httptools' parser callbacks (``on_message_begin``,
 ``on_headers_complete``, ``on_message_complete``), which uvicorn's class implements; uvicorn is pinned to
 the tested minor release in pyproject.toml and tests/service/test_protocol.py drives a real server.
@@ -37,7 +46,9 @@ from mrtr_keys.service.config import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_WRITE_TIMEOUT,
     ServiceConfig,
 )
 
@@ -47,6 +58,10 @@ LINGER_SECONDS = 2.0
 """How long a refused connection discards what the client still sends before it is closed (seconds)."""
 MAX_DISCARD_BYTES = 1024 * 1024
 """A refused client sending more than this while we linger is cut off at once (bytes)."""
+CHUNK_ALLOWANCE = 64
+"""Bytes of framing a chunk may use (its size line and CRLFs) before the excess counts as head bytes."""
+WRITE_PROGRESS_BYTES = 16 * 1024
+"""How much a stalled response's buffer must shrink (bytes) to count as progress for ``write_timeout``."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +72,19 @@ class ConnectionLimits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
 
     @classmethod
     def from_config(cls, config: ServiceConfig) -> ConnectionLimits:
-        return cls(config.max_header_bytes, config.header_timeout, config.body_timeout, config.max_connections)
+        return cls(
+            config.max_header_bytes,
+            config.header_timeout,
+            config.body_timeout,
+            config.max_connections,
+            config.write_timeout,
+            config.max_connections_per_peer,
+        )
 
 
 def _response(status: bytes, body: bytes) -> bytes:
@@ -75,6 +99,7 @@ def _response(status: bytes, body: bytes) -> bytes:
 
 
 TOO_MANY = _response(b"503 Service Unavailable", b'{"error":"too_many_connections"}')
+TOO_MANY_FROM_PEER = _response(b"503 Service Unavailable", b'{"error":"too_many_connections_from_peer"}')
 HEAD_TOO_LARGE = _response(b"431 Request Header Fields Too Large", b'{"error":"header_too_large"}')
 TIMED_OUT = _response(b"408 Request Timeout", b'{"error":"request_timeout"}')
 
@@ -106,6 +131,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._done = 0
         self._refused = False
         self._discarded = 0
+        self._framing = 0  # bytes of a body phase that were not body (chunk framing, trailers)
+        self._chunks = 0
+        self._body_seen = 0
+        self._write_deadline = math.inf
+        self._write_mark = 0  # the send buffer's size at the last sweep
+        self._write_progress = 0  # bytes it shrank by since the deadline was last set
+        self._peer: str | None = None
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -115,8 +147,28 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if over:
             self._refuse(TOO_MANY)
             return
+        peer = _peer_address(transport)
+        if peer is not None:
+            peers = _peer_counts(self.server_state)
+            if peers.get(peer, 0) >= self._limits.max_connections_per_peer:
+                self._refuse(TOO_MANY_FROM_PEER)
+                return
+            peers[peer] = peers.get(peer, 0) + 1
+            self._peer = peer
         self._deadline = self.loop.time() + self._limits.header_timeout
         _Sweeper.watch(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._write_deadline = math.inf
+        peer, self._peer = self._peer, None
+        if peer is not None:
+            peers = _peer_counts(self.server_state)
+            left = peers.get(peer, 1) - 1
+            if left > 0:
+                peers[peer] = left
+            else:
+                peers.pop(peer, None)
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # lingering after a refusal: discard, up to a bound
@@ -125,13 +177,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.close()
             return
         done = self._done
+        in_body = self._phase == _BODY
+        self._body_seen = 0
         super().data_received(data)
+        if in_body and self._phase == _BODY and not self._refused:
+            # Still in one body: what was not body is framing or trailers, which httptools buffers.
+            self._framing += len(data) - self._body_seen
+            if self._framing - CHUNK_ALLOWANCE * self._chunks > self._limits.max_header_bytes:
+                self._refused = True  # the app is reading this body: no answer of ours, just close
+                self.transport.close()
         if self._phase == _HEAD and self._begun > self._done and not self._refused:
             # A head is pending: this whole chunk was head unless a message also ended in it (pipelining),
             # where the split is unknown and the next chunk counts (an overshoot of one read at most).
             self._head_bytes = self._head_bytes + len(data) if self._done == done else 0
             if self._head_bytes > self._limits.max_header_bytes:
                 self._refuse(HEAD_TOO_LARGE)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed its high-water mark: the write deadline starts."""
+        super().pause_writing()
+        self._write_mark = self.transport.get_write_buffer_size()
+        self._write_progress = 0
+        self._write_deadline = self.loop.time() + self._limits.write_timeout
+
+    def resume_writing(self) -> None:
+        """The buffer drained below its low-water mark: no write is pending."""
+        super().resume_writing()
+        self._write_deadline = math.inf
 
     # ------------------------------------------------------------------ httptools callbacks
 
@@ -143,6 +215,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._deadline == math.inf:  # a kept-alive connection's next request (the first keeps its deadline)
             self._deadline = self.loop.time() + self._limits.header_timeout
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._phase == _HEAD:
+            super().on_header(name, value)
+        # else a trailer of a chunked body: counted in data_received, never added to the request's headers
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
     def on_headers_complete(self) -> None:
         # a head that arrived within one read is measured here (URL and header lines, as sent)
         size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
@@ -151,10 +231,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._phase = _BODY
         self._head_bytes = 0
+        self._framing = self._chunks = 0
         self._deadline = self.loop.time() + self._limits.body_timeout
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
         if not self._refused:
             super().on_body(body)
 
@@ -168,6 +250,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ limits
 
+    def _swept(self, now: float) -> bool:
+        """One sweep of this connection: True when there is nothing left to watch (closed, or closed now)."""
+        transport = self.transport
+        if transport is None:
+            return True
+        if self._write_deadline != math.inf:  # a response is stuck in the buffer, even while closing
+            return self._write_stalled(now)
+        return transport.is_closing() or self._expired(now)
+
     def _expired(self, now: float) -> bool:
         """Close the connection if its head or body deadline passed; True if it did."""
         if now < self._deadline or self._refused or self.transport is None or self.transport.is_closing():
@@ -178,6 +269,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(TIMED_OUT)
         else:  # nothing sent, a body cut short, or a response on its way: just close
             self.transport.close()
+        return True
+
+    def _write_stalled(self, now: float) -> bool:
+        """Abort the connection (dropping its buffer) if a pending response made no progress for
+        ``write_timeout``; the deadline moves on with every `WRITE_PROGRESS_BYTES` the client reads."""
+        transport = self.transport
+        size = transport.get_write_buffer_size()
+        if size == 0 and transport.is_closing():
+            return True  # gone (connection_lost) or flushed while closing: nothing left to watch
+        self._write_progress += max(0, self._write_mark - size)  # what the client read (a later write adds)
+        self._write_mark = size
+        if self._write_progress >= WRITE_PROGRESS_BYTES:
+            self._write_progress = 0
+            self._write_deadline = now + self._limits.write_timeout
+            return False
+        if now < self._write_deadline:
+            return False
+        self._write_deadline = math.inf
+        transport.abort()
         return True
 
     def _refuse(self, answer: bytes) -> None:
@@ -191,6 +301,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.loop.call_later(LINGER_SECONDS, transport.close)
         else:
             transport.close()
+
+
+def _peer_address(transport: asyncio.BaseTransport) -> str | None:
+    """The client's IP address, or None (a Unix socket)."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer and isinstance(peer[0], str):
+        return peer[0]
+    return None
+
+
+def _peer_counts(server_state: Any) -> dict[str, int]:
+    """Open connections by peer address, kept on uvicorn's per-server state (one worker, one loop)."""
+    counts: dict[str, int] | None = getattr(server_state, "mrtr_peer_connections", None)
+    if counts is None:
+        counts = {}
+        server_state.mrtr_peer_connections = counts
+    return counts
 
 
 class _Sweeper:
@@ -213,7 +340,7 @@ class _Sweeper:
     def sweep(self) -> None:
         now = self.loop.time()
         for protocol in list(self.watched):
-            if protocol.transport is None or protocol.transport.is_closing() or protocol._expired(now):
+            if protocol._swept(now):
                 self.watched.discard(protocol)
         if self.watched and not self.loop.is_closed():
             self.loop.call_later(SWEEP_SECONDS, self.sweep)

@@ -106,16 +106,39 @@ class RingLifecycle:
     def describe(self) -> dict[str, Any]:
         """``GET /v1/keys``: the ring's public description and the reload error note (never material)."""
         doc = self.ring.ring.describe()
-        doc["reload_error"] = self.ring.refused or (STALE_NOTE if self.ring.error else None)
+        doc["reload_error"] = self.stale_note()
         return doc
+
+    def stale_note(self) -> str | None:
+        """Why the loaded ring may not be the stored one, or None: the ring watcher is stuck (no check
+        completed in 3 intervals), the stored ring was refused (an older generation, the same one
+        with other content, another ring) or cannot be loaded."""
+        watcher = self.watcher
+        stuck = watcher.stuck_note() if watcher is not None else None
+        return stuck or self.ring.refused or (STALE_NOTE if self.ring.error else None)
+
+    def watcher_status(self) -> dict[str, Any] | None:
+        """``/readyz``'s ``watcher``: the last completed keystore check and, when stuck, since when."""
+        watcher = self.watcher
+        if watcher is None or watcher.interval == 0:
+            return None
+        from mrtr_keys.keystores.watch import utc_text
+
+        last, since = watcher.last_check, watcher.stuck_since()
+        return {
+            "interval_seconds": watcher.interval,
+            "last_check": None if last is None else utc_text(last),
+            "stuck_since": None if since is None else utc_text(since),
+        }
 
     async def readyz(self, strict: bool = False) -> Result:
         """200 when the ring is loaded and a seal/unseal self-test passes (backend reachable), else 503.
 
-        With `strict`, a stored ring that cannot be loaded (last good one serving) also gives 503.
+        With `strict`, a stored ring that cannot be loaded or was refused (last good one serving) and a
+        stuck ring watcher (`stale_note`) also give 503.
         """
         ring = self.ring.ring
-        stale = self.ring.refused or (STALE_NOTE if self.ring.error else None)
+        stale = self.stale_note()
         try:
             codec = await self._codec(probe_audience(ring))
             token, _ = await self._run(codec.seal, b"readyz")
@@ -125,6 +148,9 @@ class RingLifecycle:
             log.warning("readiness self-test failed: %s", getattr(exc, "reason", None) or type(exc).__name__)
             ok = False
         doc: dict[str, Any] = {"ready": ok, "generation": ring.generation, "reload_error": stale}
+        watcher = self.watcher_status()
+        if watcher is not None:
+            doc["watcher"] = watcher
         if not ok:
             doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
         audit_status = getattr(self.audit, "status", None)

@@ -243,6 +243,7 @@ class Keeper:
             state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry, on_error=on_error
         )
         core.watcher = self.watcher
+        core.metrics.watch_watcher(self.watcher)
 
     def start(self) -> None:
         """Write the first heartbeat (when the audit sink has a store) and start the watcher: the app's
@@ -269,7 +270,7 @@ class Keeper:
 
             def view() -> Loaded:
                 ring = state.ring
-                note = state.refused or (f"keystore: {state.error}" if state.error else None)
+                note = watcher.stuck_note() or state.refused or (f"keystore: {state.error}" if state.error else None)
                 if note is None and watcher.error:
                     note = f"keystore: {watcher.error}"
                 if note is None and watcher.interval == 0:

@@ -114,11 +114,20 @@ class KeysResponse(BaseModel):
     reload_error: str | None
 
 
+class WatcherStatus(BaseModel):
+    """The ring watcher's liveness: stuck when no keystore check completed in 3 intervals."""
+
+    interval_seconds: float
+    last_check: str | None
+    stuck_since: str | None
+
+
 class ReadyResponse(BaseModel):
     ready: bool
     generation: int | None
     reason: str | None = None
     reload_error: str | None = None
+    watcher: WatcherStatus | None = None
 
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {

@@ -1,0 +1,82 @@
+"""A ring watcher that stops completing checks is reported, and holds the rotation gates (issue 22).
+
+Before: a watcher blocked in a keystore call left its instance live on its old generation in `fleet
+status`, and `rotate retire` passed while that instance still opened tokens of the retired key. Now the
+watcher records its last completed check; older than 3 intervals, the instance's heartbeat says ``watcher
+stuck since ...``, `fleet status` shows it, and promote / retire count the instance as not having loaded
+anything newer until it checks again. The hang is a real file keystore whose ``stat`` blocks while a test
+event is set (a filesystem that stops answering), with short intervals so the test takes about a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.factory import request_state_security
+from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.keystores.watch import STUCK_INTERVALS, RingWatcher
+from mrtr_keys.ring.model import utcnow
+from tests.fixtures.audit import cli
+
+INTERVAL = 0.1
+BOUND = 10.0
+
+
+class HangingKeystore(FileKeystore):
+    """The ring file, whose ``stat`` hangs while `hang` is set (until `hang` is cleared or BOUND passes)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.hang = threading.Event()
+        self.released = threading.Event()
+
+    def revision(self) -> str:
+        if self.hang.is_set():
+            self.released.wait(BOUND)
+        return super().revision()
+
+
+def _wait(what: Any, why: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.01)
+
+
+def test_a_stuck_watcher_is_reported_and_holds_retire_until_it_checks_again(tmp_path: Path) -> None:
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    assert cli("rotate", "begin", keystore=ring).code == 0  # generation 2
+    store = HangingKeystore(ring)
+    codec = request_state_security(store, audience="svc", reload_every=INTERVAL, instance="svc-stuck").codec
+    watcher: RingWatcher = codec.watcher  # type: ignore[attr-defined]
+    run_step(FileKeystore(ring), "promote", now=utcnow() - timedelta(hours=2))  # generation 3, time gate open
+    _wait(lambda: codec.ring.generation == 3, "generation 3 not loaded")  # type: ignore[attr-defined]
+    assert watcher.stuck_since() is None
+
+    store.hang.set()  # the next check blocks in the keystore
+    hung = time.monotonic()
+    _wait(lambda: watcher.stuck_since() is not None, "never reported stuck")
+    assert time.monotonic() - hung < (STUCK_INTERVALS + 1.2) * INTERVAL + 1.0  # a wait, 3 intervals, slack
+    assert codec.presence.beat()  # type: ignore[attr-defined]  # what the heartbeat writes within 0.5 s
+    (row,) = cli("fleet", "status", "--json", keystore=ring).json()
+    assert (row["name"], row["status"], row["generation"]) == ("svc-stuck", "live", 3)
+    assert row["note"].startswith("watcher stuck since ")
+    assert "svc-stuck: watcher stuck since" in cli("fleet", "status", keystore=ring).out
+    res = cli("rotate", "retire", keystore=ring)  # generation 3 is loaded, but nothing newer ever will be
+    assert res.code == 75, res.out
+    assert "retire not yet" in res.err and "stuck ring watcher" in res.err and "svc-stuck (generation 3" in res.err
+
+    store.released.set()  # the filesystem answers again: the watcher checks, and says so
+    _wait(lambda: watcher.stuck_since() is None, "still stuck after the keystore answered")
+    assert watcher.error is None and watcher.running
+    assert codec.presence.beat()  # type: ignore[attr-defined]
+    assert cli("fleet", "status", "--json", keystore=ring).json()[0]["note"] is None
+    res = cli("rotate", "retire", keystore=ring)
+    assert res.code == 0, res.err
+    watcher.stop()
