@@ -7,8 +7,8 @@ Meanwhile wrk drives ``POST /v1/seal`` at c=16 (the "sidecar seal c=16" scenario
 Anchor: the same wrk run against the same sidecar without the stalled connections, interleaved (without,
 with, without, ...). Row: p99 with / p99 without, target <= 1.5x.
 
-Everything on loopback; the holder runs in a thread of the bench process and is stopped (every socket
-closed) after each run.
+Everything on loopback (the stalled connections from `PEERS` loopback addresses); the holder runs in a thread
+of the bench process and is stopped (every socket closed) after each run.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from bench.timing import median, paired_ratio
 PART = "stalled"
 STALLED = 1000
 CONNECTIONS = 16
+PEERS = 8
+"""Source addresses the stalled connections come from (127.0.0.10 ...), 125 each: a crowd of slow clients,
+not one peer (which the sidecar's per-peer limit, 256 by default, would refuse beyond its share)."""
 KINDS = (
     b"",
     b"POST /v1/seal HTTP/1.1\r\nhost: bench\r\nx-slow: ",
@@ -59,7 +62,8 @@ class Holder:
         self._thread.join(30)
 
     def _open(self, sel: selectors.BaseSelector, i: int) -> None:
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        source = (f"127.0.0.{10 + i % PEERS}", 0)  # many clients, each under --max-connections-per-peer
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10, source_address=source)
         data = self.kinds[i % len(self.kinds)]
         if data:
             s.sendall(data)

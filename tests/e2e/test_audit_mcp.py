@@ -97,7 +97,11 @@ def test_every_event_kind_and_sdk_reasons_after_a_real_mcp_flow(tmp_path: Path) 
     rejected = _events(ring, "--outcome", "rejected")
     assert {e["reason"] for e in rejected} == {"request binding", "seal", "expired"}
     loaded = _events(ring, "--op", "ring-loaded")
-    assert loaded and all(e["generation"] == 2 and e["kid"] == kid for e in loaded)
+    # every server loaded generation 2 (the primary `kid`); one still running may also have loaded 3 (the
+    # `audience add` above) before the query, on a slow machine
+    at_2 = [e for e in loaded if e["generation"] == 2]
+    assert at_2 and all(e["kid"] == kid for e in at_2)
+    assert {e["generation"] for e in loaded} <= {2, 3}
     [aud] = _events(ring, "--op", "audience")
     assert (aud["audience"], aud["reason"], aud["generation"]) == ("billing", "added", 3)
     [init] = _events(ring, "--op", "init")
