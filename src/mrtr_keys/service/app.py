@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import importlib
 import logging
 import signal
@@ -38,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
+from mrtr_keys.audit.service_sink import sidecar_audit
 from mrtr_keys.errors import MrtrKeysError
 from mrtr_keys.keystores import Keystore, open_keystore
 from mrtr_keys.service import schemas
@@ -49,7 +52,7 @@ from mrtr_keys.service.metrics import CONTENT_TYPE
 from mrtr_keys.service.outcomes import AuditSink, Handler, Headers, Receive, Result, Scope, Send
 from mrtr_keys.service.protocol import ConnectionLimits
 from mrtr_keys.service.readiness import probe_audience
-from mrtr_keys.service.reload import RingState, keep_current
+from mrtr_keys.service.reload import Keeper, RingState, keep_current
 from mrtr_keys.version import __version__
 
 __all__ = ["AuditSink", "SidecarApp", "SidecarCore", "app_from_env", "create_app", "probe_audience"]
@@ -116,6 +119,30 @@ def create_app(
         ConfigError, KeystoreError: the client registry cannot be read.
     """
     config = config or ServiceConfig()
+    core = _core(config, keystore, audit, backend_options)
+    app = SidecarApp(
+        title="mrtr-keys sealing sidecar",
+        version=__version__,
+        description="Seals and unseals MCP requestState tokens for many servers. See docs/sidecar.md.",
+        lifespan=_lifespan(core, keep_current(core, config)),
+    )
+    app.core = core
+    app.connection_limits = ConnectionLimits.from_config(config)
+    app.fast_routes = core.routes()
+    _add_sealing_routes(app, core)
+    _add_probe_routes(app, core)
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
+    return app
+
+
+def _core(
+    config: ServiceConfig,
+    keystore: Keystore | str | None,
+    audit: AuditSink | None,
+    backend_options: dict[str, Any] | None,
+) -> SidecarCore:
+    """The request core: the keystore, the audit sink (given, `config.audit_factory`, or the default log
+    beside the ring), the ring state with a codec per audience, and the client registry."""
     if keystore is None or isinstance(keystore, str):
         store = open_keystore(keystore or config.keystore, state_dir=config.state_dir)
     else:
@@ -123,18 +150,21 @@ def create_app(
     if audit is None and config.audit_factory:
         audit = _load_audit(config)
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)
-        from mrtr_keys.audit.service_sink import sidecar_audit
-
         audit = sidecar_audit(store.directory, audit=config.audit, strict=config.strict_audit)
     ring = RingState(store, backend_options=backend_options)
     auth = ClientAuth(registry_path(store.directory, config.clients))
     ring.prepare(auth.registry.audiences())
-    core = SidecarCore(ring, auth, config, audit=audit)
-    keeper = keep_current(core, config)
+    return SidecarCore(ring, auth, config, audit=audit)
+
+
+def _lifespan(core: SidecarCore, keeper: Keeper) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start: the first heartbeat, then the ring watcher, and SIGHUP as "check the ring now". Stop: the
+    keeper, the replay store, and a last flush of the audit sink (uvicorn re-raises SIGTERM after shutdown,
+    so there is no atexit to rely on)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await anyio.to_thread.run_sync(keeper.start)  # first heartbeat, then the ring watcher
+        await anyio.to_thread.run_sync(keeper.start)
         loop = asyncio.get_running_loop()
         hup = False
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
@@ -149,28 +179,28 @@ def create_app(
             await anyio.to_thread.run_sync(keeper.stop)
             if core.replay is not None:
                 core.replay.close()
-            flush = getattr(audit, "flush", None)  # uvicorn re-raises SIGTERM after shutdown: no atexit
+            flush = getattr(core.audit, "flush", None)  # optional on a sink from audit_factory
             if flush is not None:
                 await anyio.to_thread.run_sync(flush)
 
-    app = SidecarApp(
-        title="mrtr-keys sealing sidecar",
-        version=_version(),
-        description="Seals and unseals MCP requestState tokens for many servers. See docs/sidecar.md.",
-        lifespan=lifespan,
-    )
-    app.core = core
-    app.connection_limits = ConnectionLimits.from_config(config)
-    app.fast_routes = core.routes()
-    errors: dict[int | str, dict[str, Any]] = {
-        401: {"model": schemas.ErrorBody, "description": "No or wrong bearer secret."},
-        403: {"model": schemas.ErrorBody, "description": "Audience or operation not granted to this client."},
-        413: {"model": schemas.ErrorBody, "description": "Body over max_body_bytes."},
-        422: {"model": schemas.ErrorBody, "description": "Invalid field (named in detail)."},
-        503: {"model": schemas.ErrorBody, "description": "The ring's backend is unreachable."},
-    }
+    return lifespan
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": schemas.ErrorBody, "description": "No or wrong bearer secret."},
+    403: {"model": schemas.ErrorBody, "description": "Audience or operation not granted to this client."},
+    413: {"model": schemas.ErrorBody, "description": "Body over max_body_bytes."},
+    422: {"model": schemas.ErrorBody, "description": "Invalid field (named in detail)."},
+    503: {"model": schemas.ErrorBody, "description": "The ring's backend is unreachable."},
+}
+"""The error answers every sealing route documents in the OpenAPI document."""
+
+
+def _add_sealing_routes(app: SidecarApp, core: SidecarCore) -> None:
+    """The four POST routes as FastAPI routes (the OpenAPI document; a mount under a prefix), each calling
+    the fast path's handler."""
     for path, handler in core.routes().items():
-        responses: dict[int | str, dict[str, Any]] = {200: {"model": schemas.RESPONSE_MODELS[path]}, **errors}
+        responses: dict[int | str, dict[str, Any]] = {200: {"model": schemas.RESPONSE_MODELS[path]}, **_ERRORS}
         if path == "/v1/unseal":
             responses[400] = {"model": schemas.ErrorBody, "description": "Every unseal failure, whatever the reason."}
         model = schemas.REQUEST_MODELS[path]
@@ -188,6 +218,10 @@ def create_app(
             },
             name=path.strip("/").replace("/", "_"),
         )
+
+
+def _add_probe_routes(app: SidecarApp, core: SidecarCore) -> None:
+    """``GET /v1/keys`` (any client), and ``/healthz``, ``/readyz``, ``/metrics`` (no secret needed)."""
 
     @app.get("/v1/keys", response_model=schemas.KeysResponse, responses={401: {"model": schemas.ErrorBody}})
     async def keys(request: Request) -> Response:
@@ -211,21 +245,21 @@ def create_app(
         """Prometheus text format (no secret needed; counts only)."""
         return Response(core.metrics.render(), media_type=CONTENT_TYPE)
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        comps = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in schemas.REQUEST_MODELS.values():
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            for name, sub in schema.pop("$defs", {}).items():
-                comps.setdefault(name, sub)
-            comps.setdefault(model.__name__, schema)
-        app.openapi_schema = doc
-        return doc
 
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
+def _openapi(app: SidecarApp) -> dict[str, Any]:
+    """FastAPI's document, with the request models under ``components/schemas`` (the fast path reads the
+    bodies itself, so FastAPI does not see them as parameters)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    comps = doc.setdefault("components", {}).setdefault("schemas", {})
+    for model in schemas.REQUEST_MODELS.values():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in schema.pop("$defs", {}).items():
+            comps.setdefault(name, sub)
+        comps.setdefault(model.__name__, schema)
+    app.openapi_schema = doc
+    return doc
 
 
 def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -249,10 +283,6 @@ def _load_audit(config: ServiceConfig) -> AuditSink:
     return sink
 
 
-def _version() -> str:
-    return __version__
-
-
 ENV_CONFIG = "MRTR_KEYS_SIDECAR_CONFIG"
 
 
@@ -267,7 +297,21 @@ def app_from_env() -> SidecarApp:
     raw = os.environ.get(ENV_CONFIG)
     config = ServiceConfig.from_json(json.loads(raw)) if raw else ServiceConfig()
     app = create_app(config)
-    from mrtr_keys.service.server import tune_gc
-
     tune_gc()
     return app
+
+
+GC_THRESHOLD = (20_000, 50, 100)
+"""gc thresholds (gen0 allocations, gen1, gen2 collections) once serving; defaults are (700, 10, 10)."""
+
+
+def tune_gc() -> None:
+    """Cut collector pauses on the serving path: move everything alive after start-up (imports, the
+    app, FastAPI/pydantic schemas) to the permanent generation, so full collections only scan what
+    requests create, and collect gen0 less often. A request's objects are freed by reference
+    counting; the collector only has the rare cycle (an exception's traceback) to find, which
+    a gen0 pass every 20,000 net allocations still does.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import json
 import logging
 import os
@@ -120,22 +119,6 @@ def raise_fd_limit(max_connections: int) -> int:
     return max_connections
 
 
-GC_THRESHOLD = (20_000, 50, 100)
-"""gc thresholds (gen0 allocations, gen1, gen2 collections) once serving; defaults are (700, 10, 10)."""
-
-
-def tune_gc() -> None:
-    """Cut collector pauses on the serving path: move everything alive after start-up (imports, the
-    app, FastAPI/pydantic schemas) to the permanent generation, so full collections only scan what
-    requests create, and collect gen0 less often. A request's objects are freed by reference
-    counting; the collector only has the rare cycle (an exception's traceback) to find, which
-    a gen0 pass every 20,000 net allocations still does.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
-
-
 def _server_class() -> type[Any]:
     import uvicorn
 
@@ -175,7 +158,7 @@ def serve(config: ServiceConfig) -> None:
     """
     import uvicorn
 
-    from mrtr_keys.service.app import create_app
+    from mrtr_keys.service.app import create_app, tune_gc
 
     _Server = _server_class()
 
@@ -245,7 +228,7 @@ def __getattr__(name: str) -> Any:
 
 def _worker_app(config: ServiceConfig) -> Any:
     from mrtr_keys.logs import configure_logging
-    from mrtr_keys.service.app import create_app
+    from mrtr_keys.service.app import create_app, tune_gc
 
     configure_logging(config.log_format, level=logging.INFO)
     app = create_app(config)
