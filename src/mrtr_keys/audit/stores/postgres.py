@@ -8,6 +8,7 @@ the ``postgres`` extra (``pip install 'mrtr-keys[postgres]'``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,14 @@ from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
 _MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations
+_WRITER_COLUMN = SQL_COLUMNS.index("writer")
+CHAIN_LOCK_WAIT_MS = 2_000
+"""Most milliseconds `PostgresStore.chain_length` waits for a chain's in-flight transaction to end."""
+
+
+def chain_lock(writer: str) -> int:
+    """The transaction-scoped advisory lock id of chain `writer` (a signed 64-bit hash of its name)."""
+    return int.from_bytes(hashlib.blake2b(writer.encode(), digest_size=8).digest(), "big", signed=True)
 
 
 class PostgresStore(SQLStore):
@@ -47,10 +56,29 @@ class PostgresStore(SQLStore):
         far cheaper per row than ``INSERT``)."""
         if not rows:
             return
-        with self._transaction("write to") as cur, cur.copy(_COPY) as copy:
-            write = copy.write_row
-            for row in rows:
-                write(row)
+        with self._transaction("write to") as cur:
+            # Held until this transaction ends, so `chain_length` cannot answer while it is in flight.
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(str(rows[0][_WRITER_COLUMN])),))
+            with cur.copy(_COPY) as copy:
+                write = copy.write_row
+                for row in rows:
+                    write(row)
+
+    def chain_length(self, writer: str, since: str) -> int:
+        """`AuditStore.chain_length`, after any transaction of chain `writer` still in flight has
+        ended (its advisory lock, taken by `append_rows`; waited for up to `CHAIN_LOCK_WAIT_MS`): a
+        commit whose answer was lost with its connection may still be running on the server, and
+        the count must include it (issue 22).
+
+        Raises:
+            AuditError: the store cannot be read, or the chain's last transaction has not ended.
+        """
+        with self._transaction("read") as cur:
+            cur.execute(f"SET LOCAL lock_timeout = {CHAIN_LOCK_WAIT_MS}")
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(writer),))
+            cur.execute("SELECT MAX(seq) FROM audit_events WHERE time >= %s AND writer = %s", (since, writer))
+            row = cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
 
     def _broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)
