@@ -95,16 +95,21 @@ class DirectWriter:
         """Chain and store `events` before returning. Raises: AuditError (store not written)."""
         self.append([event_values(e) for e in events])
 
-    def ring_loaded(self, audience: str | None, generation: int, kid: str | None, *, strict: bool) -> bool:
+    def ring_loaded(
+        self, audience: str | None, generation: int, kid: str | None, *, strict: bool, defer: bool = False
+    ) -> bool:
         """Record once per (`audience`, `generation`) that this instance uses that generation.
 
-        Returns False if it could not be written now and was kept for `recover` (non-strict).
+        Written now unless the store is known to be failing (`defer`, a failed append or probe, or
+        events already waiting): then it is kept for `recover` without a try, so a reload never waits
+        on a store that is down; a try on a store that just went silent waits at most its write
+        deadline. Returns False if it was kept for `recover` (non-strict).
 
         Raises:
             AuditError: the store cannot be written and `strict` is set.
         """
         key = (audience, generation)
-        if key in self._loaded:
+        if key in self._loaded or any(k == key for k, _ in self.unrecorded):
             return True
         event = AuditEvent(
             time=format_ts(time.time()),
@@ -115,11 +120,13 @@ class DirectWriter:
             generation=generation,
         )
         try:
+            if defer or self.error is not None or self.unrecorded:
+                raise AuditError(self.error or "the audit store is not answering")
             self.write_now([event])
         except AuditError as exc:
             if strict:
                 raise
-            logger.warning("could not record ring-loaded (generation %d), will retry: %s", generation, exc)
+            logger.warning("could not record ring-loaded (generation %d) now, will retry: %s", generation, exc)
             self.unrecorded.append((key, event))
             return False
         self._loaded.add(key)

@@ -4,6 +4,12 @@ Every instance appends its own hash chain; the schema is created and migrated on
 under a transaction-scoped advisory lock, so instances starting together do not race. A
 connection the server dropped (restart, failover, network cut) is replaced on the next call. Needs
 the ``postgres`` extra (``pip install 'mrtr-keys[postgres]'``).
+
+Deadlines (client side, issue 22; docs/audit.md): connecting `CONNECT_TIMEOUT` s; a write
+transaction `WRITE_DEADLINE` s and a read `READ_DEADLINE` s, enforced by
+`mrtr_keys.deadlines.WATCHDOG` (libpq has no read or write timeout: at the deadline the socket is
+shut down, the call fails with "connection lost" and the next one reconnects); TCP keepalives find a
+dead idle connection within about 25 s.
 """
 
 from __future__ import annotations
@@ -14,12 +20,21 @@ from typing import Any
 
 from mrtr_keys.audit.stores.base import SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
+from mrtr_keys.deadlines import WATCHDOG
 from mrtr_keys.errors import AuditError, ConfigError
 from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
 _MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations
 _WRITER_COLUMN = SQL_COLUMNS.index("writer")
+CONNECT_TIMEOUT = 2
+"""Seconds to connect (libpq's ``connect_timeout``; 2 is its minimum)."""
+WRITE_DEADLINE = 2.0
+"""Seconds one write transaction may take, from its first statement to the commit's answer."""
+READ_DEADLINE = 30.0
+"""Seconds one read (a page of `records`, a query, stats) may take."""
+KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+"""libpq's TCP keepalive settings: a dead idle connection is found within about 25 s."""
 CHAIN_LOCK_WAIT_MS = 2_000
 """Most milliseconds `PostgresStore.chain_length` waits for a chain's in-flight transaction to end."""
 
@@ -47,7 +62,7 @@ class PostgresStore(SQLStore):
 
     def _connect(self) -> Any:
         try:
-            return self._psycopg.connect(self._dsn, connect_timeout=10)
+            return self._psycopg.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT, **KEEPALIVES)
         except self._psycopg.Error as exc:
             raise AuditError(f"cannot connect to the audit store {self.url}: {exc}") from None
 
@@ -79,6 +94,13 @@ class PostgresStore(SQLStore):
             cur.execute("SELECT MAX(seq) FROM audit_events WHERE time >= %s AND writer = %s", (since, writer))
             row = cur.fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+    def _migrate(self) -> None:
+        with WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE):
+            super()._migrate()
+
+    def _deadline(self, verb: str) -> Any:
+        return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if verb == "read" else WRITE_DEADLINE)
 
     def _broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)
