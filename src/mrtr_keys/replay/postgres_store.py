@@ -103,6 +103,11 @@ class PostgresReplayStore:
     def healthy(self) -> bool:
         return self._health.healthy
 
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which calls fail (None while they succeed)."""
+        return self._health.down_since
+
     # ------------------------------------------------------------ connections
 
     def _connect(self) -> Any:

@@ -87,5 +87,11 @@ class SidecarReplay:
         """True if the store answers now."""
         return self.guard.ready()
 
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which store calls fail (None while they succeed)."""
+        since = getattr(self.guard.store, "down_since", None)
+        return since if isinstance(since, float) else None
+
     def close(self) -> None:
         self.guard.store.close()

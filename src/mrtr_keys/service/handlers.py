@@ -132,6 +132,10 @@ class SidecarCore(RingLifecycle):
                     return True
         return False
 
+    def client_of(self, scope: Scope) -> Client | None:
+        """The client whose bearer secret the request carries, or None."""
+        return self._client(scope)
+
     def _client(self, scope: Scope) -> Client | None:
         secret = bearer_secret(scope["headers"])
         return None if secret is None else self.auth.authenticate(secret)

@@ -119,6 +119,8 @@ class ReadyResponse(BaseModel):
     generation: int | None
     reason: str | None = None
     reload_error: str | None = None
+    down: dict[str, str | None] | None = None
+    """Components down (``codec``, ``audit``, ``replay``) -> since when (event time form), if any."""
 
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
