@@ -40,6 +40,7 @@ from itertools import chain
 from typing import Any
 
 from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.urls import remember, scrub
 
 PROTOCOL = 3
 SYNC = -1
@@ -111,8 +112,8 @@ def _report(fd: int, seq: int, n: int, error: str | None) -> None:
 
 
 def _describe(exc: BaseException) -> str:
-
-    return str(exc) if isinstance(exc, (AuditError, ConfigError)) else f"{type(exc).__name__}: {exc}"
+    """The one-line error the parent logs and shows (credentials scrubbed: `mrtr_keys.urls.scrub`)."""
+    return str(exc) if isinstance(exc, (AuditError, ConfigError)) else scrub(f"{type(exc).__name__}: {exc}")
 
 
 _Handed = tuple[int, list[tuple[object, ...]] | None]
@@ -282,6 +283,7 @@ def main() -> int:
         return 2
     _, url, key, instance, writer, libpq = hello
     os.environ.update(libpq)  # for libpq only; not in this process's /proc/PID/environ
+    remember(url)
 
     from mrtr_keys.audit.fingerprint import Fingerprinter
     from mrtr_keys.audit.items import item_rows
