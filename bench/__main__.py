@@ -1,7 +1,7 @@
 """``python -m bench [part ...]``: run the benchmark parts and print one table with PASS/MISS.
 
 Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, single_use,
-cli_time, memory, fleet. Services (OpenBao dev server, moto server, the sidecar) are started
+faults, cli_time, memory, fleet. Services (OpenBao dev server, moto server, the sidecar) are started
 on free loopback ports and stopped at the end. Results are printed as a Markdown table
 and written to bench/results/<timestamp>.json and bench/results/latest.json.
 
@@ -26,7 +26,18 @@ from bench.common import Settings
 from bench.report import RESULTS_DIR, Row, machine, render, update_docs, write_results
 from bench.services import Services
 
-PARTS = ("inprocess", "vault_remote", "sidecar_load", "stalled", "audit", "single_use", "cli_time", "memory", "fleet")
+PARTS = (
+    "inprocess",
+    "vault_remote",
+    "sidecar_load",
+    "stalled",
+    "audit",
+    "single_use",
+    "faults",
+    "cli_time",
+    "memory",
+    "fleet",
+)
 
 
 def run_parts(parts: list[str], settings: Settings) -> list[Row]:

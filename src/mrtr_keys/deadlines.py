@@ -22,51 +22,54 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 
-class _Entry:
-    __slots__ = ("active", "fd", "fired")
+class _Guard:
+    """One guarded call (a context manager; `fired` is True once its deadline cut the socket)."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    __slots__ = ("active", "deadline", "fd", "fired", "watchdog")
+
+    def __init__(self, watchdog: Watchdog, fd: int, seconds: float) -> None:
+        self.watchdog, self.fd, self.deadline = watchdog, fd, seconds
         self.active = True
         self.fired = False
+
+    def __enter__(self) -> _Guard:
+        self.deadline += time.monotonic()
+        self.watchdog._add(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.watchdog._cond:  # so the watchdog cannot cut `fd` once the block has ended
+            self.active = False
 
 
 class Watchdog:
     """Shuts down the socket of a guarded call that overran its deadline (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Entry]] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, _Guard]] = []
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self.fired = 0
         """Guarded calls cut at their deadline so far."""
 
-    @contextmanager
-    def guard(self, fd: int, seconds: float) -> Iterator[_Entry]:
-        """Run the block with the socket `fd` shut down if it is still running after `seconds`.
+    def guard(self, fd: int, seconds: float) -> _Guard:
+        """A context manager: the socket `fd` is shut down if the block is still running after
+        `seconds`. Its ``fired`` is then True (the caller may say "timed out" rather than "connection
+        lost")."""
+        return _Guard(self, fd, seconds)
 
-        The entry yielded has ``fired`` True once the deadline cut the socket (the caller may then
-        say "timed out" rather than "connection lost").
-        """
-        entry = _Entry(fd)
-        deadline = time.monotonic() + seconds
+    def _add(self, guard: _Guard) -> None:
         with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._ids), entry))
+            heap = self._heap
+            heapq.heappush(heap, (guard.deadline, next(self._ids), guard))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mrtr-keys-deadlines", daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is entry:
+            elif heap[0][2] is guard:
                 self._cond.notify()
-        try:
-            yield entry
-        finally:
-            with self._cond:
-                entry.active = False
 
     def _run(self) -> None:
         with self._cond:
@@ -80,10 +83,10 @@ class Watchdog:
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
-                _, _, entry = heapq.heappop(self._heap)
-                entry.fired = True
+                _, _, guard = heapq.heappop(self._heap)
+                guard.fired = True
                 self.fired += 1
-                _shutdown(entry.fd)  # under the lock: the guarded block cannot end (and free fd) meanwhile
+                _shutdown(guard.fd)  # under the lock: the guarded block cannot end (and free fd) meanwhile
 
 
 def _shutdown(fd: int) -> None:
