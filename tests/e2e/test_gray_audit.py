@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from mrtr_keys.audit.chain import verify
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.audit.service_sink import SidecarAudit
 from mrtr_keys.audit.sink import AuditSink
@@ -27,6 +28,7 @@ from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
+from tests.audit.test_resend import flushed
 from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
@@ -73,6 +75,8 @@ def test_a_blackholed_audit_store_turns_strict_readiness_503_within_2_s_and_neve
                 time.sleep(0.02)
             to_switch = time.monotonic() - t0
             refused = http.post("/v1/seal", json={"audience": "svc", "payload": "AA"}, headers=auth).status_code
+            time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))  # past the 2 s write deadline: the write is cut
+            cut = sink.write_failures
         finally:
             proxy.faults.restore()
         back = time.monotonic()
@@ -84,7 +88,7 @@ def test_a_blackholed_audit_store_turns_strict_readiness_503_within_2_s_and_neve
         loader.join(10)
     print(
         f"blackholed audit store: /readyz 503 after {to_503:.2f} s; generation {generation} -> "
-        f"{begun.ring.generation} served {to_switch:.2f} s after the rotation; ready {to_ready:.2f} s after restore"
+        f"{begun.ring.generation} served {to_switch:.2f} s after the rotation; ready {to_ready:.2f} s after restore; writes cut at their deadline: {cut}"
     )
     assert to_503 <= 2.0
     assert list(anon["down"]) == ["audit"] and anon["down"]["audit"].endswith("Z")
@@ -92,7 +96,9 @@ def test_a_blackholed_audit_store_turns_strict_readiness_503_within_2_s_and_neve
     assert detail["audit"]["healthy"] is False and "acknowledged no write" in detail["audit"]["error"]
     assert 'mrtr_sidecar_store_up{store="audit"} 0.0' in metrics
     assert refused == 503 and 503 in codes
-    assert sink.flush(30)
+    assert cut > 0  # the writer's blocked write ended at its deadline (it did not wait for the store)
+    assert flushed(sink, 30)
     loaded = [r.event.generation for r in sink.store.query(Query(op="ring-loaded"))]
     assert begun.ring.generation in loaded
     sink.close()
+    assert verify(open_store(postgres_url).records()).ok  # the writes cut at their deadline were re-sent once
