@@ -88,7 +88,8 @@ def test_a_blackholed_audit_store_turns_strict_readiness_503_within_2_s_and_neve
         loader.join(10)
     print(
         f"blackholed audit store: /readyz 503 after {to_503:.2f} s; generation {generation} -> "
-        f"{begun.ring.generation} served {to_switch:.2f} s after the rotation; ready {to_ready:.2f} s after restore; writes cut at their deadline: {cut}"
+        f"{begun.ring.generation} served {to_switch:.2f} s after the rotation; ready {to_ready:.2f} s after restore; "
+        f"writes cut at their deadline: {cut}"
     )
     assert to_503 <= 2.0
     assert list(anon["down"]) == ["audit"] and anon["down"]["audit"].endswith("Z")
