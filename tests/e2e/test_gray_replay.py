@@ -125,6 +125,9 @@ def test_a_silent_store_delays_only_the_unseals_that_need_it(
                 t.start()
             for t in batch:
                 t.join(30)
+        t = time.monotonic()
+        ready = httpx.get(f"{side.url}/readyz", timeout=10)
+        ready_took = time.monotonic() - t
     finally:
         proxy.faults.restore()
         stop.set()
@@ -134,9 +137,10 @@ def test_a_silent_store_delays_only_the_unseals_that_need_it(
     print(
         f"{url.split(':')[0]} blackholed: 32 unseals {sorted({c for c, _ in answers})}, slowest {slowest:.2f} s; "
         f"/healthz p99 {_p99(health) * 1000:.1f} ms (n={len(health)}); seal p99 {_p99(seals) * 1000:.1f} ms "
-        f"(before {normal_seal * 1000:.1f} ms)"
+        f"(before {normal_seal * 1000:.1f} ms); /readyz {ready.status_code} in {ready_took * 1000:.0f} ms"
     )
     assert {c for c, _ in answers} == {503}
+    assert ready.status_code == 503 and "replay" in ready.json()["down"] and ready_took < 0.5
     assert slowest <= DEADLINE + SLACK
     assert len(health) > 20 and _p99(health) < 0.2  # milliseconds normally; before: blocked for seconds
     assert _p99(seals) < 0.2

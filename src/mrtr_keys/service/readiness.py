@@ -157,6 +157,10 @@ class RingLifecycle:
                 doc["reason"] = "the replay store cannot be reached (see the server log)"
             ok = False
         stores = self.stores_down()
+        if "replay" in stores:
+            if ok:
+                doc["reason"] = "the replay store cannot be reached (see the server log)"
+            ok = False
         if "audit" in stores:
             status = getattr(self.audit, "status", None)
             error = status().get("error") if status is not None else None
