@@ -16,7 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "mrtr_keys"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "version", "urls", "token"),
+    ("errors", "version", "urls", "token", "deadlines"),
     ("logs", "tracing"),
     ("ring",),
     ("providers",),

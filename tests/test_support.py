@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -134,3 +135,26 @@ def test_a_server_whose_port_was_taken_is_started_again_on_another(tmp_path: Pat
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_proxy_blackholes_delays_resets_after_a_marker_and_flaps(upstream: int) -> None:
+    with CountingProxy(upstream) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=0.5)
+        assert _post(proxy.port, b"a", conn=conn) == b"echo:a"
+        proxy.faults.blackhole()  # held open, nothing answered: the client times out, it is not refused
+        with pytest.raises(TimeoutError):
+            _post(proxy.port, b"b", conn=conn)
+        proxy.faults.restore()
+        proxy.faults.latency(0.3)
+        started = time.monotonic()
+        assert _post(proxy.port, b"c") == b"echo:c"
+        assert time.monotonic() - started >= 0.6  # each way
+        proxy.faults.latency(0)
+        proxy.faults.reset_after(0, after=b"marker")
+        assert _post(proxy.port, b"plain") == b"echo:plain"  # not armed by this one
+        with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+            _post(proxy.port, b"marker")  # the request went up, its answer never comes back
+        assert proxy.faults.resets == 1
+        proxy.faults.flap(2, down=0.1, up=0.1).join(5)
+        assert proxy.faults.flaps == 2
+        assert _post(proxy.port, b"d") == b"echo:d"

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 
 class MrtrKeysError(Exception):
-    """Root of every error this package raises on purpose (CLI exit code 1)."""
+    """Root of every error this package raises on purpose (CLI exit code 1). Its message passes
+    through `mrtr_keys.urls.scrub`, so a store or client library's error text wrapped in it never
+    carries a credential of a URL the process was given."""
 
     exit_code = 1
+
+    def __init__(self, *args: object) -> None:
+        from mrtr_keys.urls import scrub  # same layer; imported here because urls imports this module
+
+        super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(MrtrKeysError):

@@ -85,7 +85,7 @@ def _keep_current(
         from mrtr_keys.fleet.presence import presence_for
 
         presence = presence_for(sink.store, name=instance, kind="library", every=heartbeat_every)
-    watcher = watch_codec(codec, store, interval=interval, on_switch=presence.beat if presence else None)
+    watcher = watch_codec(codec, store, interval=interval, on_switch=presence.beat_soon if presence else None)
     with contextlib.suppress(AttributeError):
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]

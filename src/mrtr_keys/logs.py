@@ -20,6 +20,7 @@ import sys
 import time
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.urls import scrub
 
 ENV_LOG_FORMAT = "MRTR_KEYS_LOG_FORMAT"
 FORMATS = ("text", "json")
@@ -35,12 +36,19 @@ class JsonFormatter(logging.Formatter):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{ms:03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": scrub(record.getMessage()),
             "pid": record.process,
         }
         if record.exc_info and record.exc_info[0] is not None:
             doc["exc_type"] = record.exc_info[0].__name__
         return json.dumps(doc, ensure_ascii=False)
+
+
+class ScrubbingFormatter(logging.Formatter):
+    """The text format, every line passed through `mrtr_keys.urls.scrub` (no credential in a log line)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -78,7 +86,7 @@ def configure_logging(fmt: str | None = None, *, level: int | None = None, force
     if ours is None:
         ours = _Handler(sys.stderr)
         root.addHandler(ours)
-    ours.setFormatter(JsonFormatter() if chosen == "json" else logging.Formatter(TEXT_FORMAT))
+    ours.setFormatter(JsonFormatter() if chosen == "json" else ScrubbingFormatter(TEXT_FORMAT))
     if level is not None:
         root.setLevel(level)
     elif root.level == logging.NOTSET or root.level > logging.WARNING:

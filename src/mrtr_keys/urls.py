@@ -5,17 +5,65 @@ Every URL that may carry a credential (``postgresql://USER:PASSWORD@...``, ``red
 `repr()`; every URL or path that names a file goes through `refuse_nul` first, because the operating
 system cannot name a file with a NUL byte in it (``%00`` once percent-decoded) and Python would raise a
 bare `ValueError`.
+
+A client library's error text can echo a credential in any form (libpq quotes a badly percent-encoded
+password; a URL it cannot parse comes back whole). So every URL the process is given is remembered
+(`remember`, which `redact` calls): its whole userinfo and its password (and a ``password=`` query
+parameter), as written and percent-decoded. `scrub` is the one redaction of error text: it replaces each
+remembered secret, and the password of any ``scheme://user:password@`` in the text, by ``***``. Every
+`mrtr_keys.errors.MrtrKeysError` message and every log line our handler writes passes through it (issue 22).
 """
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlparse, urlunparse
+import re
+import threading
+from urllib.parse import parse_qsl, unquote, urlparse, urlunparse
 
 from mrtr_keys.errors import ConfigError
 
+MIN_SECRET_CHARS = 3
+"""Shorter userinfo or passwords are not remembered (replacing one or two characters everywhere would
+garble every message; such a password is no protection anyway)."""
+_secrets: frozenset[str] = frozenset()
+_secrets_lock = threading.Lock()
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*):[^\s/@]*@")
+
+
+def remember(url: str) -> None:
+    """Remember the credentials in `url` (userinfo, password, ``password=``; as written and
+    percent-decoded) so that `scrub` removes them from any text. Never raises."""
+    global _secrets
+    if not isinstance(url, str):
+        return
+    _, sep, rest = url.partition("://")
+    found: list[str] = []
+    if sep and "@" in rest:
+        userinfo = rest.rpartition("@")[0]
+        password = userinfo.partition(":")[2]
+        found += [userinfo, password] if password else []
+    query = url.partition("?")[2]
+    found += [v for k, v in parse_qsl(query, keep_blank_values=True) if k.lower() in ("password", "passwd")]
+    new = {form for s in found for form in (s, unquote(s)) if len(form) >= MIN_SECRET_CHARS} - _secrets
+    if new:
+        with _secrets_lock:
+            _secrets = _secrets | new
+
+
+def scrub(text: str) -> str:
+    """`text` with every remembered credential and any URL password replaced by ``***``."""
+    if "://" in text:
+        text = _USERINFO.sub(r"\1:***@", text)
+    for secret in sorted(_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
 
 def redact(url: str) -> str:
-    """`url` with any password (the part after ``:`` in ``USER:PASSWORD@``) replaced by ``***``."""
+    """`url` with any password (the part after ``:`` in ``USER:PASSWORD@``) replaced by ``***`` (and
+    its credentials remembered for `scrub`)."""
+    remember(url)
     try:
         parsed = urlparse(url)
         password = parsed.password

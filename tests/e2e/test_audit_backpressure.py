@@ -113,7 +113,7 @@ def test_a_stalled_store_drops_only_past_the_bound_counts_each_one_and_says_so(
     assert dropped > 0 and dropped == side.sink.dropped
     assert side.stored_seals() + dropped == 2100  # what is missing from the store is exactly what was counted
     assert any("events dropped so far" in r.getMessage() for r in caplog.records)
-    assert side.http.get("/readyz").json()["audit"]["dropped"] == dropped
+    assert side.http.get("/readyz", headers=side.auth).json()["audit"]["dropped"] == dropped
 
 
 def test_a_strict_sidecar_refuses_while_the_writer_is_behind_and_records_every_seal_it_made(

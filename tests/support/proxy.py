@@ -10,7 +10,9 @@ It forwards 127.0.0.1:`port` to a target port, one thread per direction and conn
 * simulates an outage: `stop()` cuts every open connection and refuses new ones; `start()` accepts
   again **on the same port**. The port stays reserved while stopped (a bound socket sharing it with
   SO_REUSEPORT that never listens), so nothing else can take it and a client sees "connection refused",
-  as when the real service is down.
+  as when the real service is down;
+* plays the half failures through `faults` (`tests.support.faults.Faults`): blackhole, latency, reset
+  after N bytes, flap.
 
 Use it as a context manager or call `close()`.
 """
@@ -22,6 +24,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from types import TracebackType
+
+from tests.support.faults import Faults
 
 Classify = Callable[[bytes], str]
 ResponseHook = Callable[[str, bytes], bytes]
@@ -69,6 +73,8 @@ class CountingProxy:
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._holder: socket.socket | None = None
+        self.faults = Faults(self)
+        """The half failures (blackhole, latency, reset after N bytes, flap): see `Faults`."""
         first = self._bind(0)
         self.port = int(first.getsockname()[1])
         self._listen(first)
@@ -200,7 +206,10 @@ class CountingProxy:
                         skip = _content_length(head) or 0
                     if not parse:
                         buf = b""
-                dst.sendall(data)
+                out = self.faults.gate("up", id(src), data)
+                if out is None:
+                    return
+                dst.sendall(out)
         except OSError:
             pass
         finally:
@@ -212,6 +221,11 @@ class CountingProxy:
         buf = b""
         try:
             while data := src.recv(65536):
+                gated = self.faults.gate("down", id(dst), data)
+                if gated is None:
+                    buf = b""
+                    return
+                data = gated
                 if self.response_hook is None and not buf:
                     dst.sendall(data)
                     continue

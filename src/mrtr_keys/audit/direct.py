@@ -5,6 +5,11 @@ for every batch. A ``ring-loaded`` that could not be written (non-strict) is kep
 the sink's background thread with backoff (`recover`), which doubles as the probe that clears
 the store error once the store answers again, so readiness and the promote gate recover without
 a restart.
+
+A failed append may have landed (a cut connection loses the answer to a commit the server
+applied). Its linked rows are kept "in doubt" and, before the next append, the store says how much
+of them it holds (`mrtr_keys.audit.stores.base.stored_prefix`): what landed stays (the rest is
+sent), what did not is unlinked; a retry of the same values is then not stored a second time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Sequence
 
 from mrtr_keys.audit.chain import ChainWriter, event_values
 from mrtr_keys.audit.events import OP_RING_LOADED, AuditEvent, format_ts, instance_id
-from mrtr_keys.audit.stores.base import AuditStore
+from mrtr_keys.audit.stores.base import AuditStore, stored_prefix
 from mrtr_keys.errors import AuditError
 
 logger = logging.getLogger("mrtr_keys.audit")
@@ -40,40 +45,71 @@ class DirectWriter:
         self._count_lock = threading.Lock()
         self._retry_at = 0.0
         self._retry_delay = RETRY_MIN
+        self._doubt: tuple[list[tuple[object, ...]], list[tuple[object, ...]]] | None = None
+        """(linked rows, their values) of the last failed append, until the store said what it holds."""
 
     def append(self, values: list[tuple[object, ...]]) -> None:
-        """Chain value tuples (`FIELDS` order) and store them in one transaction.
+        """Chain value tuples (`FIELDS` order) and store them in one transaction. After a failed
+        append, the same `values` again are stored once, whether or not the failed one landed
+        (see the module docstring).
 
         Raises:
-            AuditError: the store could not be written (the chain is rolled back).
+            AuditError: the store could not be written (asked again on the next call).
         """
         with self.chain.lock:
-            rows = self.chain.link_values(values)
             try:
+                if self._doubt is not None and self._settle(values):
+                    return
+                rows = self.chain.link_values(values)
+                self._doubt = (rows, values)
                 self.store.append_rows(rows)
+                self._doubt = None
             except Exception as exc:
-                self.chain.rollback()
                 self.failures += 1
                 self.error = str(exc) if isinstance(exc, AuditError) else f"{type(exc).__name__}: {exc}"
                 raise AuditError(self.error) from None
+            self._stored(len(rows))
+
+    def _settle(self, values: list[tuple[object, ...]]) -> bool:
+        """Resolve the append in doubt (call with the chain lock held): keep and complete what the
+        store holds of it, unlink it if nothing. True if `values` are the doubted ones, now stored."""
+        assert self._doubt is not None
+        rows, sent = self._doubt
+        held = stored_prefix(self.store, rows)
+        if held == 0:
+            self.chain.rollback()
+            self._doubt = None
+            return False
+        if held < len(rows):
+            self.store.append_rows(rows[held:])
+        self._doubt = None
+        self._stored(len(rows))
+        return values == sent
+
+    def _stored(self, n: int) -> None:
         with self._count_lock:
-            self.written += len(rows)
+            self.written += n
         self.error = None
 
     def write_now(self, events: Sequence[AuditEvent]) -> None:
         """Chain and store `events` before returning. Raises: AuditError (store not written)."""
         self.append([event_values(e) for e in events])
 
-    def ring_loaded(self, audience: str | None, generation: int, kid: str | None, *, strict: bool) -> bool:
+    def ring_loaded(
+        self, audience: str | None, generation: int, kid: str | None, *, strict: bool, defer: bool = False
+    ) -> bool:
         """Record once per (`audience`, `generation`) that this instance uses that generation.
 
-        Returns False if it could not be written now and was kept for `recover` (non-strict).
+        Written now unless the store is known to be failing (`defer`, a failed append or probe, or
+        events already waiting): then it is kept for `recover` without a try, so a reload never waits
+        on a store that is down; a try on a store that just went silent waits at most its write
+        deadline. Returns False if it was kept for `recover` (non-strict).
 
         Raises:
             AuditError: the store cannot be written and `strict` is set.
         """
         key = (audience, generation)
-        if key in self._loaded:
+        if key in self._loaded or any(k == key for k, _ in self.unrecorded):
             return True
         event = AuditEvent(
             time=format_ts(time.time()),
@@ -84,11 +120,13 @@ class DirectWriter:
             generation=generation,
         )
         try:
+            if defer or self.error is not None or self.unrecorded:
+                raise AuditError(self.error or "the audit store is not answering")
             self.write_now([event])
         except AuditError as exc:
             if strict:
                 raise
-            logger.warning("could not record ring-loaded (generation %d), will retry: %s", generation, exc)
+            logger.warning("could not record ring-loaded (generation %d) now, will retry: %s", generation, exc)
             self.unrecorded.append((key, event))
             return False
         self._loaded.add(key)

@@ -2,8 +2,8 @@
 
 The sidecar calls the sink once per operation with ``op``, ``audience``, ``client``, ``kid``,
 ``outcome``, ``reason``, ``token`` (fingerprinted in the writer thread, never stored) and
-``duration_ms``; `SidecarAudit` queues that as one event. It also records ``ring-loaded``
-synchronously at start and on every reload that switches generation.
+``duration_ms``; `SidecarAudit` queues that as one event. It also records ``ring-loaded`` at start
+and on every reload that switches generation (at once while the store answers, else in the background).
 
 Strict mode (``strict_audit = true``): while the store cannot be written, or while the writer is
 behind (the queue past its high-water mark), a call raises `AuditError`, so the sidecar answers
@@ -67,19 +67,21 @@ class SidecarAudit:
         self.sink.submit_many([new_item((op, o, k, t, r, ts, a, gen, client, d)) for a, k, o, r, t, d, ts in events])
 
     def ring_loaded(self, generation: int, kid: str | None = None) -> None:
-        """Record (synchronously, once per generation: `AuditSink.ring_loaded`) that this sidecar
-        now serves `generation`.
-
-        Raises:
-            AuditError: the store cannot be written and `strict` is set (else it is retried in the
-                background until the store is back).
-        """
+        """Record (once per generation: `AuditSink.ring_loaded`) that this sidecar now serves
+        `generation`. Called after the switch; never raises: while the store is down the record
+        is kept and written in the background as soon as it answers (the new generation is served
+        first, the record follows; strict mode refuses requests meanwhile, not reloads)."""
         self.generation = generation
-        self.sink.ring_loaded(None, generation, kid, strict=self.strict)
+        self.sink.ring_loaded(None, generation, kid, strict=False)
 
     def ready(self) -> bool:
-        """False while the store cannot be written (``/readyz`` then fails)."""
+        """False while the store cannot be written or is silent (``/readyz`` then fails)."""
         return self.sink.healthy
+
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which the store counts as down (`AuditSink.down_since`)."""
+        return self.sink.down_since
 
     def status(self) -> dict[str, object]:
         """The sink's state for ``/readyz`` (`AuditSink.status`)."""

@@ -59,6 +59,9 @@ PROCESS_INTERVAL = SHIP_DELAY
 FINAL_WAIT = 5.0
 """Seconds a flush or close waits for a full pipe to take the last frames."""
 Mode = Literal["thread", "process"]
+SILENT_AFTER = 1.0
+"""Seconds a store may leave shipped events unacknowledged before it counts as down (`healthy` False,
+so strict mode refuses and ``/readyz`` fails): its write deadline for readiness (docs/audit.md)."""
 IDLE_INTERVAL = 0.5
 """Seconds between thread-mode wake-ups while nothing is queued (an idle sink costs almost nothing)."""
 
@@ -128,6 +131,7 @@ class AuditSink:
         self._stopping = False
         self._closed = False
         self._retry: list[tuple[object, ...]] = []
+        self._down_at: float | None = None
         self._process = (
             ProcessWriter(
                 self._url, self._fp.key_bytes(), instance_id(), self.writer, q.drop, self.store.url, self._chain_length
@@ -182,16 +186,33 @@ class AuditSink:
         """Events that will never be stored: dropped at the hard bound, or lost with a writer process."""
         return self.queue.dropped
 
+    def _silent_for(self) -> float:
+        return self._process.silent_for() if self._process is not None else 0.0
+
     @property
     def last_error(self) -> str | None:
         """Why the store cannot be written now (None while it can)."""
-        return self._direct.error or (self._process.error if self._process is not None else None)
+        error = self._direct.error or (self._process.error if self._process is not None else None)
+        if error is None and (silent := self._silent_for()) > SILENT_AFTER:
+            error = f"the audit store has acknowledged no write for {silent:.1f} s (store {self.store.url})"
+        return error
 
     @property
     def healthy(self) -> bool:
-        """False while the last write to the store failed, or after the writer process died
-        (until a new one has stored a batch)."""
-        return self.last_error is None and not self._closed
+        """False while the last write to the store failed, while the store has acknowledged nothing
+        for `SILENT_AFTER` seconds with events waiting (a silent store), or after the writer process
+        died (until a new one has stored a batch)."""
+        healthy = self.last_error is None and not self._closed
+        if healthy:
+            self._down_at = None
+        elif self._down_at is None:
+            self._down_at = time.time() - self._silent_for()
+        return healthy
+
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which the store counts as down (None while `healthy`)."""
+        return None if self.healthy else self._down_at
 
     @property
     def written(self) -> int:
@@ -208,9 +229,12 @@ class AuditSink:
         return self.queue.slowed
 
     def status(self) -> dict[str, object]:
-        """``healthy``, ``queued``, ``dropped``, ``slowed`` and ``error`` (the sidecar's /readyz shows it)."""
+        """``healthy``, ``down_since`` (ISO time or None), ``queued``, ``dropped``, ``slowed`` and
+        ``error`` (the sidecar's /readyz shows it to authenticated callers)."""
+        since = self.down_since
         return {
-            "healthy": self.healthy,
+            "healthy": since is None,
+            "down_since": None if since is None else format_ts(since),
             "queued": self.queued,
             "dropped": self.dropped,
             "slowed": self.slowed,
@@ -250,13 +274,16 @@ class AuditSink:
         self._direct.write_now(events)
 
     def ring_loaded(self, audience: str | None, generation: int, kid: str | None, *, strict: bool = False) -> None:
-        """Record, synchronously and once per (`audience`, `generation`) in this process, that this
-        instance now uses key ring `generation` (primary `kid`); the promote gate relies on it.
+        """Record, once per (`audience`, `generation`) in this process, that this instance now uses
+        key ring `generation` (primary `kid`); the promote gate relies on it. Written before this
+        returns while the store answers; while it is down (`healthy` False) not tried at all, so the
+        caller (a reload, after the switch) never waits on it.
 
         If the store cannot be written: with `strict`, raises `AuditError`; else the event is kept
         and written by the background thread as soon as the store is back.
         """
-        if not self._direct.ring_loaded(audience, generation, kid, strict=strict):
+        defer = not self.healthy
+        if not self._direct.ring_loaded(audience, generation, kid, strict=strict, defer=defer):
             self._wake.set()
 
     def probe(self) -> bool:

@@ -29,6 +29,7 @@ from mrtr_keys.cli import (
 )
 from mrtr_keys.cli.options import JsonOpt, StateDirOpt, set_root
 from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.urls import scrub
 
 app = typer.Typer(
     name="mrtr-keys",
@@ -141,7 +142,7 @@ def run() -> None:
             sys.exit(exit_code)
         if os.environ.get("MRTR_KEYS_DEBUG"):
             raise
-        error(f"internal error: {type(exc).__name__}: {exc}")
+        error(scrub(f"internal error: {type(exc).__name__}: {exc}"))
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -74,7 +74,9 @@ def serve(
         str | None,
         typer.Option(
             "--replay-store",
-            help="Single-use unseals: redis://HOST:PORT/DB or postgresql://... (docs/single-use.md).",
+            envvar="MRTR_KEYS_REPLAY_STORE",
+            help="Single-use unseals: redis://HOST:PORT/DB or postgresql://... (docs/single-use.md); "
+            "MRTR_KEYS_REPLAY_STORE keeps a password off the command line.",
         ),
     ] = None,
     single_use_client: Annotated[

@@ -173,6 +173,15 @@ class Presence:
                 return False
             return self._write(rec)
 
+    def beat_soon(self) -> None:
+        """Have the heartbeat thread write now if what is loaded changed (it checks at once), without
+        waiting for the store here: the watcher's ``on_switch``, so a silent store never holds up a
+        reload (issue 22). Without a running thread, writes now (`beat`)."""
+        if self._thread is None or not self._thread.is_alive():
+            self.beat()
+            return
+        self._wake.set()
+
     @property
     def _sources_were_added(self) -> bool:
         return self.last is not None

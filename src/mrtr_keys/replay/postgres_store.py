@@ -17,6 +17,14 @@ purgers of a fleet do not queue behind each other).
 Connections: a small pool of at most `POOL_SIZE` (a caller waits up to the timeout for one); a
 connection that fails is dropped and the next call opens a new one, so the store recovers by itself
 when the database is back.
+
+Deadlines (client side, so a silent server fails a call instead of hanging it; issue 22): the whole
+call, from waiting for a pooled connection to the answer, is bounded by `timeout` (default 1 s).
+A statement runs under `mrtr_keys.deadlines.WATCHDOG`, which shuts the socket down at the deadline
+(libpq has no read or write timeout); a new connection is opened in a helper thread the caller waits
+for at most the time left (psycopg's own ``connect_timeout`` cannot go below 2 s), and one that
+succeeds late joins the pool. ``statement_timeout`` (the same `timeout`) also stops the statement on
+the server.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any
 
+from mrtr_keys.deadlines import WATCHDOG
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.replay.store import KEY_BYTES, Health, redact
 
@@ -75,6 +85,7 @@ class PostgresReplayStore:
         self.url = redact(url)
         self._timeout = timeout
         self._errors: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
+        self._call_errors: tuple[type[BaseException], ...] = (*self._errors, TimeoutError)
         self._idle: queue.LifoQueue[Any] = queue.LifoQueue(POOL_SIZE)
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         self._health = Health(self.url)
@@ -92,29 +103,84 @@ class PostgresReplayStore:
     def healthy(self) -> bool:
         return self._health.healthy
 
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which calls fail (None while they succeed)."""
+        return self._health.down_since
+
     # ------------------------------------------------------------ connections
 
     def _connect(self) -> Any:
         conn = self._psycopg.connect(
             self._dsn,
             autocommit=True,
-            connect_timeout=max(1, round(self._timeout)),
+            connect_timeout=max(2, round(self._timeout)),
             options=f"-c statement_timeout={int(self._timeout * 1000)}",
         )
         if not self._schema_ready:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                for statement in _SCHEMA:
-                    conn.execute(statement)
+            try:
+                with WATCHDOG.guard(conn.fileno(), max(self._timeout, 5.0)), conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+            except BaseException:
+                conn.close()
+                raise
             self._schema_ready = True
         return conn
 
-    def _run(self, fn: Any) -> Any:
-        """Call `fn(conn)` on a pooled connection; a failing connection is closed, never reused.
+    def _connect_within(self, seconds: float) -> Any:
+        """A new connection, waiting at most `seconds` (see the module docstring: one that is made
+        later joins the pool, or is closed if the pool is full).
 
         Raises:
-            ReplayStoreUnavailable: no connection, or the statement failed.
+            TimeoutError: not connected in time. psycopg.Error, OSError: the connection failed.
         """
+        box: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(1)
+        late = threading.Event()
+
+        def connect() -> None:
+            try:
+                conn = self._connect()
+            except BaseException as exc:  # handed to the caller (nothing to do if it left)
+                box.put((None, exc))
+                return
+            box.put((conn, None))
+            if late.is_set():
+                self._adopt(box)
+
+        threading.Thread(target=connect, name="mrtr-replay-connect", daemon=True).start()
+        try:
+            conn, exc = box.get(timeout=max(0.0, seconds))
+        except queue.Empty:
+            late.set()
+            if not box.empty():  # finished just now
+                self._adopt(box)
+            raise TimeoutError("connect timed out") from None
+        if exc is not None:
+            raise exc
+        return conn
+
+    def _adopt(self, box: queue.Queue[tuple[Any, BaseException | None]]) -> None:
+        try:
+            conn, _ = box.get_nowait()
+        except queue.Empty:
+            return
+        if conn is None:
+            return
+        try:
+            self._idle.put_nowait(conn)
+        except queue.Full:
+            conn.close()
+
+    def _run(self, fn: Any) -> Any:
+        """Call `fn(conn)` on a pooled connection within the deadline; a failing connection is
+        closed, never reused.
+
+        Raises:
+            ReplayStoreUnavailable: no connection, the statement failed, or the deadline passed.
+        """
+        deadline = time.monotonic() + self._timeout
         if not self._slots.acquire(timeout=self._timeout):
             raise self._health.failed(TimeoutError("no free connection"))
         try:
@@ -122,14 +188,17 @@ class PostgresReplayStore:
                 conn = self._idle.get_nowait()
             except queue.Empty:
                 conn = None
+            guard = None
             try:
                 if conn is None:
-                    conn = self._connect()
-                result = fn(conn)
-            except self._errors as exc:
+                    conn = self._connect_within(deadline - time.monotonic())
+                with WATCHDOG.guard(conn.fileno(), max(0.05, deadline - time.monotonic())) as guard:
+                    result = fn(conn)
+            except self._call_errors as exc:
                 if conn is not None:
                     conn.close()
-                raise self._health.failed(exc) from None
+                timed_out = isinstance(exc, TimeoutError) or (guard is not None and guard.fired)
+                raise self._health.failed(TimeoutError("deadline passed") if timed_out else exc) from None
             self._idle.put_nowait(conn)
         finally:
             self._slots.release()

@@ -113,6 +113,11 @@ class RedisReplayStore:
     def healthy(self) -> bool:
         return self._health.healthy
 
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which calls fail (None while they succeed)."""
+        return self._health.down_since
+
     def _connection(self) -> Any:
         """This thread's connection (made on first use in this thread and process)."""
         held = getattr(self._local, "held", None)

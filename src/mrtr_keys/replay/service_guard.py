@@ -9,6 +9,7 @@ turns its answer into the HTTP outcome: nothing (served), ``rejected`` 400 with 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 
 from mcp.server.mcpserver import InvalidRequestState
@@ -19,6 +20,8 @@ from mrtr_keys.replay.guard import ReplayGuard, ReplayMetrics, StoreErrorPolicy
 from mrtr_keys.replay.store import ReplayStore, open_store
 
 STORE_UNAVAILABLE = "replay store unavailable"
+PING_WAIT = 0.2
+"""Most seconds `SidecarReplay.ready` waits for a ping of the store (the last answer is used after it)."""
 """The reason (log and audit) of an unseal refused because the store failed."""
 
 
@@ -57,6 +60,9 @@ class SidecarReplay:
         metrics = ReplayMetrics(registry) if registry is not None else None
         self.guard = ReplayGuard(opened, on_store_error=on_store_error, fallback_ttl=ring_ttl(), metrics=metrics)
         self._ring_ttl = ring_ttl
+        self._ping_lock = threading.Lock()
+        self._pinging: threading.Thread | None = None
+        self._answered = True
         try:
             opened.hmac_key()  # connect at start; a store still down is retried on the first unseal
         except ReplayStoreUnavailable:
@@ -84,8 +90,25 @@ class SidecarReplay:
         return None
 
     def ready(self) -> bool:
-        """True if the store answers now."""
-        return self.guard.ready()
+        """True if the store answered its last ping. A ping runs in a thread of its own (one at a
+        time); this waits for it at most `PING_WAIT` seconds, so readiness answers in milliseconds
+        whatever the store does, and a silent store shows at the latest one ping deadline (1 s) later."""
+        with self._ping_lock:
+            pinging = self._pinging
+            if pinging is None or not pinging.is_alive():
+                pinging = self._pinging = threading.Thread(target=self._ping, name="mrtr-replay-ping", daemon=True)
+                pinging.start()
+        pinging.join(PING_WAIT)
+        return self._answered
+
+    def _ping(self) -> None:
+        self._answered = self.guard.ready()
+
+    @property
+    def down_since(self) -> float | None:
+        """POSIX time since which store calls fail (None while they succeed)."""
+        since = getattr(self.guard.store, "down_since", None)
+        return since if isinstance(since, float) else None
 
     def close(self) -> None:
         self.guard.store.close()

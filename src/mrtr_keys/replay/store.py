@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Protocol
 
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
@@ -66,11 +67,15 @@ class Health:
         self._url = url
         self._lock = threading.Lock()
         self.healthy = True
+        self.down_since: float | None = None
+        """POSIX time of the first failure of the current outage (None while healthy)."""
 
     def failed(self, exc: BaseException) -> ReplayStoreUnavailable:
         """Mark the store down (logging once) and return the error to raise (no detail of the call)."""
         with self._lock:
             was, self.healthy = self.healthy, False
+            if was:
+                self.down_since = time.time()
         if was:
             log.warning("replay store %s unreachable: %s", self._url, type(exc).__name__)
         return ReplayStoreUnavailable(f"replay store {self._url} unreachable: {type(exc).__name__}")
@@ -79,6 +84,7 @@ class Health:
         if not self.healthy:
             with self._lock:
                 was, self.healthy = self.healthy, True
+                self.down_since = None
             if not was:
                 log.warning("replay store %s reachable again", self._url)
 

@@ -234,11 +234,12 @@ def _add_probe_routes(app: SidecarApp, core: SidecarCore) -> None:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
     @app.get("/readyz", response_model=schemas.ReadyResponse, responses={503: {"model": schemas.ReadyResponse}})
-    async def readyz(strict: bool = False) -> Response:
-        """Ring loaded and a seal/unseal self-test passes.
+    async def readyz(request: Request, strict: bool = False) -> Response:
+        """Ring loaded, a seal/unseal self-test passes, and no store is down (``down`` names those that are).
 
-        ``?strict=true``: also 503 while the stored ring is broken (the last good one serving)."""
-        return _response(await core.readyz(strict))
+        ``?strict=true``: also 503 while the stored ring is broken (the last good one serving). A caller
+        with a valid client secret also gets each store's error text (``audit``, ``replay``)."""
+        return _response(await core.readyz(strict, detail=core.client_of(request.scope) is not None))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -43,6 +43,7 @@ from typing import Any
 
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.token import MAX_TOKEN_CHARS
+from mrtr_keys.urls import redact
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8750
@@ -58,6 +59,8 @@ DEFAULT_MAX_BATCH_ITEMS = 256
 """Most items in one ``/v1/seal/batch`` or ``/v1/unseal/batch`` request."""
 MAX_MAX_BATCH_ITEMS = 10000
 MAX_WORKERS = 64
+REPLAY_SCHEMES = frozenset({"redis", "rediss", "postgresql", "postgres"})
+"""URL schemes of the replay stores (`mrtr_keys.replay.store.open_store`)."""
 HTTP_CHOICES = ("corked", "httptools")
 """``corked``: uvicorn's httptools protocol writing each response in one ``writev`` (default);
 ``httptools``: uvicorn's own writes. Both enforce the connection limits (`mrtr_keys.service.protocol`)."""
@@ -119,6 +122,11 @@ class ServiceConfig:
             raise ConfigError("single_use_clients / single_use_audiences need replay_store (docs/single-use.md)")
         if self.replay_store is not None and (not isinstance(self.replay_store, str) or not self.replay_store):
             raise ConfigError("replay_store must be a store URL: redis://HOST:PORT/DB or postgresql://...")
+        if self.replay_store is not None and self.replay_store.partition(":")[0].lower() not in REPLAY_SCHEMES:
+            raise ConfigError(
+                f"unsupported replay store URL {redact(self.replay_store)!r} (use redis://HOST:PORT/DB or "
+                "postgresql://USER@HOST/DB)"
+            )
         if self.on_replay_store_error not in ("deny", "allow"):
             raise ConfigError('on_replay_store_error must be "deny" or "allow"')
         _int_in("port", self.port, 1, 65535)

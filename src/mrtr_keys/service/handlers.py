@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+import anyio
 import anyio.to_thread
 
 from mrtr_keys.backends import Codec
@@ -56,6 +57,8 @@ from mrtr_keys.token import b64u_encode
 log = logging.getLogger("mrtr_keys.service")
 
 _OUTSIDE_SCOPE = "audience outside the key ring"
+STORE_THREADS = 32
+"""Most single-use unseals waiting on the replay store at once (worker threads); more wait their turn."""
 _REPLAY_UNAVAILABLE_BODY: dict[str, Any] = {"error": "replay_store_unavailable"}
 
 
@@ -87,6 +90,19 @@ class SidecarCore(RingLifecycle):
         self._max_body = config.max_body_bytes
         self._rejected_log = RateLimitedLog(log, "rejected-unseal")
         self._audit_log = RateLimitedLog(log, "audit-failure", level=logging.WARNING)
+        self._store_limiter: anyio.CapacityLimiter | None = None
+
+    def _needs_store(self, op: str, client: Client, audience: str) -> bool:
+        """True if this item calls the replay store (a single-use unseal): it then runs in a worker
+        thread of `STORE_THREADS`, never on the event loop, so a silent store delays only the
+        requests that need it (docs/single-use.md, issue 22)."""
+        replay = self.replay
+        return op == "unseal" and replay is not None and replay.applies(client.name, audience)
+
+    def _store_threads(self) -> anyio.CapacityLimiter:
+        if self._store_limiter is None:
+            self._store_limiter = anyio.CapacityLimiter(STORE_THREADS)
+        return self._store_limiter
 
     # ---------------------------------------------------------------- plumbing
 
@@ -115,6 +131,10 @@ class SidecarCore(RingLifecycle):
                 except ValueError:
                     return True
         return False
+
+    def client_of(self, scope: Scope) -> Client | None:
+        """The client whose bearer secret the request carries, or None."""
+        return self._client(scope)
 
     def _client(self, scope: Scope) -> Client | None:
         secret = bearer_secret(scope["headers"])
@@ -256,6 +276,9 @@ class SidecarCore(RingLifecycle):
             if isinstance(opened, Outcome):
                 return opened
             codec = opened
+        if self._needs_store(op, client, audience):
+            limiter = self._store_threads()
+            return await anyio.to_thread.run_sync(with_codec, codec, audience, value, client, limiter=limiter)
         if self.ring.inline:
             return with_codec(codec, audience, value, client)
         return await anyio.to_thread.run_sync(with_codec, codec, audience, value, client)
@@ -286,7 +309,7 @@ class SidecarCore(RingLifecycle):
         if isinstance(items, Outcome):
             return self._refuse(op, route, client, items, t0)
         try:
-            if self.ring.inline:
+            if self.ring.inline and not (op == "unseal" and self.replay is not None):
                 results = await self._batch_inline(op, client, items, t0)
             else:
                 results = []

@@ -20,6 +20,9 @@
   with audit off).
   A growing ``queued`` means the writer is behind: the queue is bounded in events (see docs/audit.md),
   and its high-water mark is most of the sidecar's resident memory beyond the baseline.
+* ``mrtr_sidecar_store_up{store}`` (``audit``, ``replay``): 0 while that store counts as down (writes
+  failing or unacknowledged for 1 s; calls failing), and
+  ``mrtr_sidecar_store_down_since_timestamp_seconds{store}``: since when (0 while up).
 
 Each worker process keeps its own counters (``--workers N`` gives N independent series; scrape the
 workers separately or run one worker per sidecar, the usual layout).
@@ -27,7 +30,7 @@ workers separately or run one worker per sidecar, the usual layout).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -102,6 +105,11 @@ class SidecarMetrics:
         """Export `sink`'s ``queued`` and ``dropped`` (read at scrape time, nothing on the hot path)."""
         self.registry.register(_AuditCollector(sink))
 
+    def watch_stores(self, down: Callable[[], dict[str, float | None]]) -> None:
+        """Export ``mrtr_sidecar_store_up{store}`` and ``mrtr_sidecar_store_down_since_timestamp_seconds{store}``
+        for the audit and replay stores, from `down()` (store -> POSIX time it went down), at scrape time."""
+        self.registry.register(_StoresCollector(down))
+
     def watch_ring(self, ring: Any) -> None:
         """Export the phase, the load time and the codec rejections of `ring` (a `RingState`), at scrape time."""
         self.registry.register(_RingCollector(ring))
@@ -113,6 +121,29 @@ class SidecarMetrics:
     def render(self) -> bytes:
         """The text exposition format (``text/plain; version=0.0.4``)."""
         return generate_latest(self.registry)
+
+
+class _StoresCollector(Collector):
+    STORES = ("audit", "replay")
+
+    def __init__(self, down: Callable[[], dict[str, float | None]]) -> None:
+        self._down = down
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        down = self._down()
+        up = GaugeMetricFamily(
+            "mrtr_sidecar_store_up", "1 while a store answers, 0 while it counts as down.", labels=["store"]
+        )
+        since = GaugeMetricFamily(
+            "mrtr_sidecar_store_down_since_timestamp_seconds",
+            "When a store went down (POSIX seconds; 0 while it is up).",
+            labels=["store"],
+        )
+        for name in self.STORES:
+            up.add_metric([name], 0.0 if name in down else 1.0)
+            since.add_metric([name], float(down.get(name) or 0.0))
+        yield up
+        yield since
 
 
 class _AuditCollector(Collector):

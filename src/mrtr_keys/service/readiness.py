@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 from mcp.server.mcpserver import InvalidRequestState
 
+from mrtr_keys.audit.events import format_ts
 from mrtr_keys.backends import Codec
 from mrtr_keys.replay.service_guard import SidecarReplay
 from mrtr_keys.ring.model import KeyRing
@@ -63,6 +64,7 @@ class RingLifecycle:
         if audit is not None:
             self.metrics.watch_audit(getattr(audit, "sink", audit))
         self.metrics.watch_ring(ring)
+        self.metrics.watch_stores(self.stores_down)
         self.replay: SidecarReplay | None = None
         if config.replay_store:  # single-use unseals (docs/single-use.md)
             self.replay = SidecarReplay(
@@ -76,6 +78,7 @@ class RingLifecycle:
         self.watcher: RingWatcher | None = None
         """The ring watcher (`mrtr_keys.service.reload.keep_current`; the app's lifespan starts it)."""
         self.presence: Presence | None = None
+        self._audit_down_logged: object = None
 
     # ---------------------------------------------------------------- codecs
 
@@ -131,14 +134,31 @@ class RingLifecycle:
             "stuck_since": None if since is None else utc_text(since),
         }
 
-    async def readyz(self, strict: bool = False) -> Result:
+    def stores_down(self) -> dict[str, float | None]:
+        """The stores that count as down now, each with the POSIX time since when (None if unknown):
+        ``audit`` (writes failing, or none acknowledged for 1 s with events waiting) and ``replay``
+        (its last call failed). Cheap: no I/O (`/metrics` and `/readyz` read it)."""
+        down: dict[str, float | None] = {}
+        audit_ready = getattr(self.audit, "ready", None)
+        if audit_ready is not None and not audit_ready():
+            down["audit"] = getattr(self.audit, "down_since", None)
+        replay = getattr(self, "replay", None)  # the metrics registry reads this once while __init__ runs
+        if replay is not None and replay.down_since is not None:
+            down["replay"] = replay.down_since
+        return down
+
+    async def readyz(self, strict: bool = False, *, detail: bool = False) -> Result:
         """200 when the ring is loaded and a seal/unseal self-test passes (backend reachable), else 503.
 
         With `strict`, a stored ring that cannot be loaded or was refused (last good one serving) and a
-        stuck ring watcher (`stale_note`) also give 503.
+        stuck ring watcher (`stale_note`) also give 503. ``down`` names each component that is down
+        (``codec``, ``audit``, ``replay``) with the time since when; the error text of a store (which may
+        name hosts and users) goes to the log and, with `detail` (an authenticated caller), into the answer
+        (``audit``, ``replay``).
         """
         ring = self.ring.ring
         stale = self.stale_note()
+        down: dict[str, str | None] = {}
         try:
             codec = await self._codec(probe_audience(ring))
             token, _ = await self._run(codec.seal, b"readyz")
@@ -153,17 +173,34 @@ class RingLifecycle:
             doc["watcher"] = watcher
         if not ok:
             doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
+            down["codec"] = None
         audit_status = getattr(self.audit, "status", None)
-        if audit_status is not None:
+        if detail and audit_status is not None:
             doc["audit"] = audit_status()
-        audit_ready = getattr(self.audit, "ready", None)
-        if ok and audit_ready is not None and not audit_ready():
-            ok = False
-            doc["reason"] = "the audit store cannot be written (see the server log)"
         replay = self.replay
-        if ok and replay is not None and not await anyio.to_thread.run_sync(replay.ready):
+        if replay is not None and not await anyio.to_thread.run_sync(replay.ready):
+            if ok:
+                doc["reason"] = "the replay store cannot be reached (see the server log)"
             ok = False
-            doc["reason"] = "the replay store cannot be reached (see the server log)"
+        stores = self.stores_down()
+        if "replay" in stores:
+            if ok:
+                doc["reason"] = "the replay store cannot be reached (see the server log)"
+            ok = False
+        if "audit" in stores:
+            status = getattr(self.audit, "status", None)
+            error = status().get("error") if status is not None else None
+            if error != self._audit_down_logged:
+                log.warning("readiness: the audit store is down: %s", error)
+                self._audit_down_logged = error
+            doc["reason"] = "the audit store cannot be written (see the server log)"
+            ok = False
+        for name, since in stores.items():
+            down[name] = None if since is None else format_ts(since)
+        if detail and replay is not None:
+            doc["replay"] = {"url": replay.guard.store.url, "down_since": down.get("replay")}
+        if down:
+            doc["down"] = down
         ready = ok and not (strict and stale)
         doc["ready"] = ready
         return (200 if ready else 503), dump(doc), None

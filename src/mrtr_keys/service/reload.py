@@ -278,7 +278,7 @@ class Keeper:
                 return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 
             presence.add(view)
-            watcher.on_switch = presence.beat
+            watcher.on_switch = presence.beat_soon  # the heartbeat thread writes: a silent store never holds a reload
             core.presence = presence
         watcher.start()
 

@@ -128,6 +128,8 @@ class ReadyResponse(BaseModel):
     reason: str | None = None
     reload_error: str | None = None
     watcher: WatcherStatus | None = None
+    down: dict[str, str | None] | None = None
+    """Components down (``codec``, ``audit``, ``replay``) -> since when (event time form), if any."""
 
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {

@@ -196,6 +196,31 @@ number applied. ``{autoinc}`` is each dialect's auto-increment primary key. A st
 version is migrated on open, in one transaction (PostgreSQL: under an advisory lock)."""
 
 
+_WRITER, _SEQ = SQL_COLUMNS.index("writer"), SQL_COLUMNS.index("seq")
+
+
+def stored_prefix(store: AuditStore, rows: Sequence[tuple[object, ...]]) -> int:
+    """How many of `rows` (one linked transaction of one chain, in seq order, as `append_rows` was
+    given them) `store` holds already: 0 (the append did not land), ``len(rows)`` (it did), or, for a
+    store whose appends are not atomic on every failure (a JSONL write cut short), a leading part.
+
+    A writer that re-sends a transaction after an error (a cut connection may lose the answer to a
+    commit the server applied) asks this first, so the transaction is stored exactly once: the
+    store's own answer, from the chain's highest seq (`AuditStore.chain_length`) at or after the
+    transaction's earliest event time, decides (issue 22).
+
+    Raises:
+        AuditError: the store cannot be read (the writer retries later, asking again).
+    """
+    if not rows:
+        return 0
+    first = rows[0][_SEQ]
+    assert isinstance(first, int)
+    since = min(str(r[0]) for r in rows)
+    length = store.chain_length(str(rows[0][_WRITER]), since)
+    return max(0, min(len(rows), length - first + 1))
+
+
 def record_row(r: Record) -> tuple[object, ...]:
     """A `Record` as a row in `SQL_COLUMNS` order."""
     return (

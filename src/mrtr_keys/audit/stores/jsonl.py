@@ -3,8 +3,10 @@
 One record a line: the event fields, then ``writer``, ``seq``, ``prev_hash``, ``hash`` (the
 format ``mrtr-keys audit export --format jsonl`` writes, so an export verifies like a store).
 A batch is one ``write`` on an ``O_APPEND`` descriptor under an exclusive ``flock``, so
-processes appending at once never interleave lines. The file is created mode 0600. Queries
-scan the file (fine for what a shipper keeps locally; use SQLite or PostgreSQL to query a lot).
+processes appending at once never interleave lines; a last line a failed write left incomplete is
+cut off before the next append (the writer then re-sends what the store does not hold, issue 22).
+The file is created mode 0600. Queries scan the file (fine for what a shipper keeps locally; use
+SQLite or PostgreSQL to query a lot).
 The schema version is the first line's ``{"schema_version": N}``. Presence rows (one an instance,
 replaced by each heartbeat) live beside it in ``PATH.instances.json``, rewritten atomically.
 """
@@ -68,9 +70,10 @@ class JSONLStore:
         data = "".join(dumps(dict(zip(SQL_COLUMNS, row, strict=True))) + "\n" for row in rows).encode()
         with self._lock:
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
+                    _cut_torn_tail(fd)
                     view = memoryview(data)
                     while view:
                         n = os.write(fd, view)
@@ -89,6 +92,8 @@ class JSONLStore:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                if not line.endswith("\n"):
+                    return  # a last line cut short by a failed write: not stored (cut off at the next append)
                 try:
                     doc = json.loads(line)
                     if "schema_version" in doc and "writer" not in doc:
@@ -158,3 +163,20 @@ class JSONLStore:
 
     def close(self) -> None:
         pass
+
+
+def _cut_torn_tail(fd: int) -> None:
+    """Truncate the file after its last newline if its last line is incomplete (a write cut short)."""
+    end = os.fstat(fd).st_size
+    if end == 0 or os.pread(fd, 1, end - 1) == b"\n":
+        return
+    pos = end
+    while pos > 0:
+        start = max(0, pos - 65536)
+        chunk = os.pread(fd, pos - start, start)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            os.ftruncate(fd, start + cut + 1)
+            return
+        pos = start
+    os.ftruncate(fd, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from itertools import chain
 from typing import Any
 
@@ -137,8 +137,9 @@ class SQLStore:
             if self._conn is None:  # lost with the last error: reconnect (raises AuditError)
                 self._conn = self._connect()
             try:
-                yield self._conn.cursor()
-                self._conn.commit()
+                with self._deadline(verb):
+                    yield self._conn.cursor()
+                    self._conn.commit()
             except self._db_errors as exc:
                 try:
                     self._conn.rollback()
@@ -147,6 +148,10 @@ class SQLStore:
                 if self._broken(self._conn):
                     self._discard()
                 raise AuditError(f"cannot {verb} the audit store {self.url}: {exc}") from None
+
+    def _deadline(self, verb: str) -> AbstractContextManager[object]:
+        """Bounds one transaction on the client side (a network store; see `PostgresStore`)."""
+        return nullcontext()
 
     def _broken(self, conn: Any) -> bool:
         """True if `conn` cannot be used again (the server went away): the next call reconnects."""

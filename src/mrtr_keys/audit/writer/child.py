@@ -40,6 +40,7 @@ from itertools import chain
 from typing import Any
 
 from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.urls import remember, scrub
 
 PROTOCOL = 3
 SYNC = -1
@@ -111,8 +112,8 @@ def _report(fd: int, seq: int, n: int, error: str | None) -> None:
 
 
 def _describe(exc: BaseException) -> str:
-
-    return str(exc) if isinstance(exc, (AuditError, ConfigError)) else f"{type(exc).__name__}: {exc}"
+    """The one-line error the parent logs and shows (credentials scrubbed: `mrtr_keys.urls.scrub`)."""
+    return str(exc) if isinstance(exc, (AuditError, ConfigError)) else scrub(f"{type(exc).__name__}: {exc}")
 
 
 _Handed = tuple[int, list[tuple[object, ...]] | None]
@@ -125,9 +126,9 @@ class _Storer:
     """Links each transaction into the chain and stores it, in the order given, retrying the same
     rows while the store fails; acknowledges as the module docstring says.
 
-    The chain is linked here only, right before the append that stores it: a failed append is
-    rolled back (`ChainWriter.rollback`) and the same rows are linked again on the next try, so
-    chain order is storage order and a failure leaves no gap and no fork."""
+    The chain is linked here only, right before the first append that stores it, and the same
+    linked rows are re-sent until stored (no other transaction is linked meanwhile), so chain order
+    is storage order and a failure leaves no gap, no fork and no duplicate (`_append`)."""
 
     def __init__(self, url: str, writer: str, status_fd: int, parent: int) -> None:
         from mrtr_keys.audit.chain import ChainWriter
@@ -186,19 +187,25 @@ class _Storer:
             slot.end(status)
 
     def _append(self, rows: list[tuple[object, ...]]) -> bool:
+        """Link `rows` once and store them, retrying while the store fails. A failed append may
+        have landed (the answer to a commit lost with its connection): before each retry the store
+        says how much of it it holds (`stored_prefix`), and only the rest is sent, so a retried
+        transaction is stored exactly once and the chain keeps no duplicate (issue 22)."""
+        from mrtr_keys.audit.stores.base import stored_prefix
         from mrtr_keys.audit.stores.url import open_store
 
         delay, failing_since = RETRY_MIN, 0.0
+        linked: list[tuple[object, ...]] | None = None
+        in_doubt = False
         while True:
             try:
                 if self.store is None:
                     self.store = open_store(self.url)
-                linked = self.links.link_rows(rows)
-                try:
-                    self.store.append_rows(linked)
-                except BaseException:
-                    self.links.rollback()
-                    raise
+                if linked is None:
+                    linked = self.links.link_rows(rows)
+                todo = linked[stored_prefix(self.store, linked) :] if in_doubt else linked
+                in_doubt = True
+                self.store.append_rows(todo)
                 return True
             except Exception as exc:
                 _report(self.status_fd, 0, 0, _describe(exc))
@@ -276,6 +283,7 @@ def main() -> int:
         return 2
     _, url, key, instance, writer, libpq = hello
     os.environ.update(libpq)  # for libpq only; not in this process's /proc/PID/environ
+    remember(url)
 
     from mrtr_keys.audit.fingerprint import Fingerprinter
     from mrtr_keys.audit.items import item_rows

@@ -145,6 +145,8 @@ class ChildWriter:
         self._pending: dict[int, tuple[int, float]] = {}
         """Batches shipped and not acknowledged: seq -> (events, earliest event time, POSIX s)."""
         self._errors_seen = 0
+        self._progress = time.monotonic()
+        """When the child last acknowledged, or when something became pending after nothing was."""
         self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer, libpq)))
         os.set_blocking(self._w, False)
         self._thread = threading.Thread(target=self._read_status, name=f"mrtr-keys-audit-status-{writer}", daemon=True)
@@ -189,6 +191,8 @@ class ChildWriter:
                     raise BrokenPipeError("the audit writer process has exited")
                 self.sent += 1
                 seq = self.sent
+                if not self._pending:
+                    self._progress = time.monotonic()
                 self._pending[seq] = (n, earliest)
             try:
                 self._push(HEADER.pack(len(data)) + data)
@@ -250,6 +254,12 @@ class ChildWriter:
                 if not self._out or left <= 0:
                     return not self._out
                 select.select([], [self._w], [], left)
+
+    def silent_for(self) -> float:
+        """Seconds the child has acknowledged nothing while batches it was sent wait (0 when none
+        waits). A working child acknowledges at least every `mrtr_keys.audit.writer.child.ACK_INTERVAL`
+        while busy, so a long silence means the store stopped answering (issue 22)."""
+        return time.monotonic() - self._progress if self._pending and self.alive else 0.0
 
     def wait_acked(self, seq: int, timeout: float) -> bool:
         """Wait until batch `seq` is stored. False on timeout, if the child died, or if it reported
@@ -324,6 +334,7 @@ class ChildWriter:
             for s in [s for s in self._pending if s <= seq]:
                 del self._pending[s]
             self.acked = max(self.acked, seq)
+            self._progress = time.monotonic()
             count, self._stored = total - self._stored, max(self._stored, total)
             self.error = None
             self._cond.notify_all()

@@ -59,6 +59,11 @@ class ProcessWriter:
         if first:
             logger.warning("audit store write failed (%s); the writer process retries (store %s)", message, self._where)
 
+    def silent_for(self) -> float:
+        """Seconds the running child has acknowledged nothing while batches wait (`ChildWriter.silent_for`)."""
+        child = self.child
+        return child.silent_for() if child is not None else 0.0
+
     @property
     def pid(self) -> int | None:
         child = self.child

@@ -1,0 +1,118 @@
+"""A transaction re-sent after an error is stored exactly once (issue 22, deliver 1).
+
+A cut connection can lose the answer to a commit the server applied. The writer asks the store how
+far its chain got before it re-sends (`stored_prefix`), so `audit verify` keeps passing and no
+``(writer, seq)`` is stored twice. The PostgreSQL cases put the real server behind the fault proxy and
+reset the connection right after ``COMMIT`` went up: the control that fails on a writer re-sending
+blindly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from mrtr_keys.audit.chain import ChainWriter, event_values, verify
+from mrtr_keys.audit.sink import AuditSink
+from mrtr_keys.audit.stores.base import stored_prefix
+from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.errors import AuditError
+from tests.fixtures.audit import known_events
+from tests.support.proxy import CountingProxy
+
+
+def _twice(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM (SELECT writer, seq FROM audit_events GROUP BY writer, seq HAVING COUNT(*) > 1) d"
+        ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def flushed(sink: AuditSink, timeout: float) -> bool:
+    """Flush until everything is stored (a flush during a store error returns False at once)."""
+    deadline = time.monotonic() + timeout
+    while not sink.flush(max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_the_writer_process_stores_a_commit_whose_answer_was_lost_once(
+    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
+) -> None:
+    proxy, url = pg_fault_proxy
+    sink = make_sink(url, mode="process")
+    for i in range(50):
+        sink.record("seal", kid="k1", token=f"t{i}")
+    assert sink.flush(30)
+    proxy.faults.reset_after(0, after=b"COMMIT")  # the server commits; its answer never arrives
+    for i in range(50, 120):
+        sink.record("seal", kid="k1", token=f"t{i}")
+    assert flushed(sink, 30)
+    assert proxy.faults.resets == 1
+    assert _twice(postgres_url) == 0
+    assert sink.store.count() == 120 and sink.written == 120 and sink.dropped == 0
+    assert verify(open_store(postgres_url).records()).ok
+
+
+def test_a_synchronous_write_retried_after_a_lost_commit_is_stored_once(
+    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
+) -> None:
+    proxy, url = pg_fault_proxy
+    sink = make_sink(url, mode="thread")
+    sink.write_now(known_events(3))
+    proxy.faults.reset_after(0, after=b"COMMIT")
+    with pytest.raises(AuditError):
+        sink.write_now(known_events(6)[3:])
+    deadline = time.monotonic() + 10
+    while True:  # the caller retries the same events until the store answers
+        try:
+            sink.write_now(known_events(6)[3:])
+            break
+        except AuditError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert _twice(postgres_url) == 0 and sink.store.count() == 6
+    assert verify(open_store(postgres_url).records()).ok
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "jsonl", "postgres"])
+def test_the_store_says_how_much_of_a_transaction_it_holds(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = {"sqlite": f"sqlite:///{tmp_path}/a.db", "jsonl": f"jsonl:///{tmp_path}/a.jsonl"}.get(kind)
+    store = open_store(url or request.getfixturevalue("postgres_url"))
+    chain = ChainWriter("w1")
+    values = [event_values(e) for e in known_events(6)]
+    first = chain.link_values(values[:3])
+    assert stored_prefix(store, first) == 0
+    store.append_rows(first)
+    assert stored_prefix(store, first) == 3
+    second = chain.link_values(values[3:])
+    assert stored_prefix(store, second) == 0
+    store.close()
+
+
+def test_a_jsonl_line_cut_short_is_cut_off_and_the_rest_of_its_transaction_sent_once(
+    make_sink: Callable[..., AuditSink], tmp_path: Path
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    sink = make_sink(f"jsonl:///{path}", mode="thread")
+    sink.write_now(known_events(2))
+    chain = ChainWriter("w2")
+    rows = chain.link_values([event_values(e) for e in known_events(6)[2:]])
+    sink.store.append_rows(rows[:2])
+    with path.open("ab") as f:  # a write cut short: the third row half written
+        f.write(b'{"time":"2026-07-28T10:00:04.000000Z","inst')
+    store = open_store(f"jsonl:///{path}")
+    held = stored_prefix(store, rows)
+    assert held == 2
+    store.append_rows(rows[held:])
+    assert store.count() == 6
+    assert verify(store.records()).ok
