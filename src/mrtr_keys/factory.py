@@ -28,6 +28,7 @@ def open_codec(
     reload_every: float | None = None,
     instance: str | None = None,
     heartbeat_every: float | None = None,
+    lease: float | None = None,
     **backend_options: Any,
 ) -> Codec:
     """The codec the stored ring records (local, KMS, Vault transit), opened for `audience`, that
@@ -40,19 +41,29 @@ def open_codec(
     `heartbeat_every` seconds (default 10) under the name `instance` (default
     ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
+    The codec also fences itself (`mrtr_keys.codecs.fence`, its ``fence`` attribute): once `lease`
+    seconds have passed since its last successful keystore check (a pause, an outage), a seal or unseal
+    first checks the keystore; and an unseal that meets an unknown kid looks at the keystore once
+    (at most once a second) before refusing. `lease` defaults to the gates' staleness window, 3 x
+    `heartbeat_every` (30 s), or 0 (off) when `reload_every` is 0; 0 turns it off.
+
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.
         AudienceError: `audience` outside the ring's scope.
         BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
-        ConfigError: a bad `reload_every`, `heartbeat_every` or `instance`.
+        ConfigError: a bad `reload_every`, `heartbeat_every`, `lease` or `instance`.
     """
+    from mrtr_keys.codecs.fence import check_lease
     from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval
 
     interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
+    lease = None if lease is None else check_lease(lease)
     store = as_keystore(keystore)
     codec = build_codec(store, audience=audience, observer=observer, **backend_options)
     if callable(getattr(codec, "reload", None)):
-        _keep_current(codec, store, observer, interval=interval, instance=instance, heartbeat_every=heartbeat_every)
+        _keep_current(
+            codec, store, observer, interval=interval, instance=instance, heartbeat_every=heartbeat_every, lease=lease
+        )
     return codec
 
 
@@ -73,8 +84,9 @@ def _keep_current(
     interval: float,
     instance: str | None,
     heartbeat_every: float | None,
+    lease: float | None,
 ) -> None:
-    """Start the codec's ring watcher, and its presence heartbeat when it has an audit store."""
+    """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store."""
     from mrtr_keys.keystores.watch import watch_codec
 
     presence = None
@@ -87,10 +99,35 @@ def _keep_current(
     with contextlib.suppress(AttributeError):
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
+        codec.fence = _fence(codec, store, watcher, presence, interval=interval, lease=lease)  # type: ignore[attr-defined]
     if presence is not None:
         from mrtr_keys.fleet.presence import codec_source
 
         presence.add(codec_source(codec, watcher))
+
+
+def _fence(codec: Codec, store: Keystore, watcher: Any, presence: Any, *, interval: float, lease: float | None) -> Any:
+    """The codec's `Fence` over its watcher (or, with reload off, a watcher that is never started)."""
+    import weakref
+
+    from mrtr_keys.codecs.fence import Fence, default_lease
+    from mrtr_keys.fleet.instances import DEFAULT_HEARTBEAT
+    from mrtr_keys.keystores.watch import RingWatcher, WatchedGone
+
+    if lease is None:
+        every = presence.every if presence is not None else DEFAULT_HEARTBEAT
+        lease = default_lease(every) if interval > 0 else 0.0
+    if watcher is None:
+        ref = weakref.ref(codec)
+
+        def reload() -> bool:
+            target = ref()
+            if target is None:
+                raise WatchedGone
+            return bool(target.reload())
+
+        watcher = RingWatcher(store, reload, interval=0)
+    return Fence(watcher, lease=lease)
 
 
 def request_state_security(
@@ -129,7 +166,8 @@ def request_state_security(
         on_store_error: ``"deny"`` refuses rounds while the store fails (default); ``"allow"`` serves them.
         options: for a key-ring codec, `open_codec`'s: ``reload_every=`` (seconds between keystore
             checks, default 2, 0 = off), ``instance=`` (presence name), ``heartbeat_every=``
-            (seconds, default 10), and the backend's client settings.
+            (seconds, default 10), ``lease=`` (seconds, the self-fencing lease, default 3 heartbeats;
+            0 = off), and the backend's client settings.
 
     Raises:
         ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 import mrtr_keys.tracing as tracing
+from mrtr_keys.codecs.fence import UNKNOWN_KID, Fence
 from mrtr_keys.codecs.generations import SWITCH, next_ring
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import build_core
@@ -66,6 +67,9 @@ class KeyRingCodec:
     reload_refused: str | None = None
     """Why the last `reload()` kept the loaded ring although the keystore holds another one
     (lower generation, other ring), else None."""
+    fence: Fence | None = None
+    """The instance's self-fencing lease and unknown-kid look (`mrtr_keys.codecs.fence`); set by
+    `mrtr_keys.open_codec` with the ring watcher. None (a codec built alone): neither applies."""
 
     def __init__(
         self,
@@ -120,7 +124,14 @@ class KeyRingCodec:
         """Seal `payload` with the current primary key; returns a token (see the codec's format).
 
         An ordinary method that reaches the core installed last, so a bound method kept by a caller
-        (``seal = codec.seal``) seals with the new primary after a reload too."""
+        (``seal = codec.seal``) seals with the new primary after a reload too.
+
+        With a `fence` whose lease ran out, it first checks the keystore (and switches generation if
+        there is a newer one), bounded by the keystore's deadline: the one time a local codec does I/O
+        in the caller's thread, after a pause or while the keystore is unreachable."""
+        fence = self.fence
+        if fence is not None and fence.expired():
+            fence.ensure()
         return self._seal(payload)
 
     def unseal(self, token: str) -> bytes:
@@ -128,7 +139,24 @@ class KeyRingCodec:
 
         Raises:
             InvalidRequestState: for every other input, with a short reason code.
+
+        With a `fence`: the lease is checked first, as in `seal`; and a token whose kid the loaded ring
+        does not know makes one rate-limited keystore check (`Fence.look_again`) and is tried once more
+        if the ring changed (the audit log then shows the first attempt's ``unknown kid`` and the result).
         """
+        fence = self.fence
+        if fence is None:
+            return self._unseal(token)
+        if fence.expired():
+            fence.ensure()
+        generation = self._ring.generation
+        try:
+            return self._unseal(token)
+        except Exception as exc:  # the SDK's InvalidRequestState, imported lazily (see codecs.aesgcm.reject)
+            if str(exc) != UNKNOWN_KID or not _invalid(exc):
+                raise
+            if not fence.look_again(generation, lambda: self._ring.generation):
+                raise
         return self._unseal(token)
 
     def reload(self) -> bool:
@@ -203,3 +231,9 @@ class KeyRingCodec:
     def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:
         """kid -> 32-byte ring key for every usable key (verify and primary)."""
         raise NotImplementedError
+
+
+def _invalid(exc: Exception) -> bool:
+    from mcp.server.mcpserver import InvalidRequestState
+
+    return isinstance(exc, InvalidRequestState)

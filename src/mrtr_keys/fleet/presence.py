@@ -284,8 +284,12 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
             return None
         ring = target.ring
         refused = getattr(target, "reload_refused", None)
+        fence = getattr(target, "fence", None)
+        fenced = fence.note() if fence is not None else None
         if refused:
             note: str | None = f"refused a ring: {refused}"
+        elif fenced:
+            note = fenced
         elif watcher is None:
             note = "reload off"
         elif watcher.error:

@@ -43,6 +43,16 @@ JITTER = 0.2
 """Each wait is ``interval * uniform(1 - JITTER, 1 + JITTER)``."""
 
 
+def lease_clock() -> float:
+    """Seconds on a clock that never goes back and keeps counting while the process is paused
+    (SIGSTOP, a GC pause) and, where the OS has one (Linux ``CLOCK_BOOTTIME``), while the machine
+    sleeps: the clock of `RingWatcher.ok_started` and of the self-fencing lease (`mrtr_keys.codecs.fence`)."""
+    return time.clock_gettime(_LEASE_CLOCK)
+
+
+_LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 class WatchedGone(Exception):
     """Raised by a reload callable whose codec no longer exists: the watcher thread ends."""
 
@@ -81,7 +91,8 @@ class RingWatcher:
 
     Attributes:
         error: why the last check failed, or None. checks / reads: counts of cheap checks and
-        full reads. last_ok: POSIX time of the last successful check.
+        full reads. last_ok: POSIX time of the last successful check. ok_started: `lease_clock` time
+        at which the last successful check *started* (what it read is at least that fresh).
 
     Raises (constructor):
         ConfigError: a bad interval.
@@ -109,6 +120,7 @@ class RingWatcher:
         self.checks = 0
         self.reads = 0
         self.last_ok: float | None = None
+        self.ok_started: float | None = None
         self._revision: str | None = None
         self._force = True  # the first check always reads (see the module docstring)
         self._wake = threading.Event()
@@ -133,6 +145,7 @@ class RingWatcher:
         Never raises `MrtrKeysError` (it lands in `error`); raises `WatchedGone` from `reload`.
         """
         with self._check_lock:
+            started = lease_clock()
             self.checks += 1
             try:
                 if self._every_check is not None:
@@ -140,6 +153,7 @@ class RingWatcher:
                 rev = self.keystore.revision()
                 if rev is not None and rev == self._revision and not self._force:
                     self._ok()
+                    self.ok_started = started
                     return False
                 self._force = False
                 self.reads += 1
@@ -155,6 +169,7 @@ class RingWatcher:
                 return False
             self._revision = rev
             self._ok()
+            self.ok_started = started
         if self.on_switch is not None:
             try:
                 self.on_switch()

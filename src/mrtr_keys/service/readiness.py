@@ -26,6 +26,7 @@ from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
 
 if TYPE_CHECKING:
+    from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
     from mrtr_keys.keystores.watch import RingWatcher
 
@@ -76,6 +77,8 @@ class RingLifecycle:
         self.watcher: RingWatcher | None = None
         """The ring watcher (`mrtr_keys.service.reload.keep_current`; the app's lifespan starts it)."""
         self.presence: Presence | None = None
+        self.fence: Fence | None = None
+        """The self-fencing lease and unknown-kid look over the watcher (`keep_current` sets it)."""
 
     # ---------------------------------------------------------------- codecs
 

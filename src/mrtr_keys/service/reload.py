@@ -243,6 +243,7 @@ class Keeper:
             state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry, on_error=on_error
         )
         core.watcher = self.watcher
+        core.fence = sidecar_fence(self.watcher, config)
 
     def start(self) -> None:
         """Write the first heartbeat (when the audit sink has a store) and start the watcher: the app's
@@ -270,6 +271,9 @@ class Keeper:
             def view() -> Loaded:
                 ring = state.ring
                 note = state.refused or (f"keystore: {state.error}" if state.error else None)
+                fence = core.fence
+                if note is None and fence is not None:
+                    note = fence.note()
                 if note is None and watcher.error:
                     note = f"keystore: {watcher.error}"
                 if note is None and watcher.interval == 0:
@@ -286,6 +290,17 @@ class Keeper:
         self.watcher.stop()
         if self._core.presence is not None:
             self._core.presence.stop()
+
+
+def sidecar_fence(watcher: Any, config: Any) -> Any:
+    """The sidecar's `Fence` (`mrtr_keys.codecs.fence`): ``config.lease``, else 3 heartbeat intervals (the
+    gates' staleness window), or off when reload is off."""
+    from mrtr_keys.codecs.fence import Fence, default_lease
+
+    lease = config.lease
+    if lease is None:
+        lease = default_lease(config.heartbeat_interval) if config.reload_interval > 0 else 0.0
+    return Fence(watcher, lease=lease)
 
 
 def keep_current(core: Any, config: Any) -> Keeper:
