@@ -54,15 +54,23 @@ def open_codec(
         ConfigError: a bad `reload_every`, `heartbeat_every`, `lease` or `instance`.
     """
     from mrtr_keys.codecs.fence import check_lease
-    from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval
+    from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval, lease_clock
 
     interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
     lease = None if lease is None else check_lease(lease)
     store = as_keystore(keystore)
+    loaded_at = lease_clock()
     codec = build_codec(store, audience=audience, observer=observer, **backend_options)
     if callable(getattr(codec, "reload", None)):
         _keep_current(
-            codec, store, observer, interval=interval, instance=instance, heartbeat_every=heartbeat_every, lease=lease
+            codec,
+            store,
+            observer,
+            interval=interval,
+            instance=instance,
+            heartbeat_every=heartbeat_every,
+            lease=lease,
+            loaded_at=loaded_at,
         )
     return codec
 
@@ -85,6 +93,7 @@ def _keep_current(
     instance: str | None,
     heartbeat_every: float | None,
     lease: float | None,
+    loaded_at: float,
 ) -> None:
     """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store."""
     from mrtr_keys.keystores.watch import watch_codec
@@ -99,14 +108,24 @@ def _keep_current(
     with contextlib.suppress(AttributeError):
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
-        codec.fence = _fence(codec, store, watcher, presence, interval=interval, lease=lease)  # type: ignore[attr-defined]
+        fence = _fence(codec, store, watcher, presence, interval=interval, lease=lease, loaded_at=loaded_at)
+        codec.fence = fence  # type: ignore[attr-defined]
     if presence is not None:
         from mrtr_keys.fleet.presence import codec_source
 
         presence.add(codec_source(codec, watcher))
 
 
-def _fence(codec: Codec, store: Keystore, watcher: Any, presence: Any, *, interval: float, lease: float | None) -> Any:
+def _fence(
+    codec: Codec,
+    store: Keystore,
+    watcher: Any,
+    presence: Any,
+    *,
+    interval: float,
+    lease: float | None,
+    loaded_at: float,
+) -> Any:
     """The codec's `Fence` over its watcher (or, with reload off, a watcher that is never started)."""
     import weakref
 
@@ -127,7 +146,7 @@ def _fence(codec: Codec, store: Keystore, watcher: Any, presence: Any, *, interv
             return bool(target.reload())
 
         watcher = RingWatcher(store, reload, interval=0)
-    return Fence(watcher, lease=lease)
+    return Fence(watcher, lease=lease, loaded_at=loaded_at)
 
 
 def request_state_security(

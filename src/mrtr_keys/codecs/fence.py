@@ -78,7 +78,9 @@ class Fence:
         lease: seconds a successful keystore check lets the instance serve without another (0 = off).
         look_gap: minimum seconds between two `look_again` checks.
         on_fenced: optional callable told the reason when the instance starts serving fenced out,
-            and None when a check succeeds again (the sidecar's metrics).
+            and None when a check succeeds again.
+        loaded_at: `lease_clock` time just before the instance read the ring it started with: the lease
+            runs from there until the watcher's first check (None: the first call checks).
         clock: the `lease_clock` (tests inject one).
 
     Attributes:
@@ -97,6 +99,7 @@ class Fence:
         lease: float,
         look_gap: float = DEFAULT_LOOK_GAP,
         on_fenced: Callable[[str | None], Any] | None = None,
+        loaded_at: float | None = None,
         clock: Callable[[], float] = lease_clock,
     ) -> None:
         self.watcher = watcher
@@ -104,6 +107,7 @@ class Fence:
         self.look_gap = look_gap
         self.on_fenced = on_fenced
         self.clock = clock
+        self._loaded_at = loaded_at
         self.sync_checks = 0
         self.looks = 0
         self.fenced_out = 0
@@ -121,6 +125,8 @@ class Fence:
         if self.lease == 0:
             return False
         started = self.watcher.ok_started
+        if started is None:
+            started = self._loaded_at
         return started is None or self.clock() - started >= self.lease
 
     def ensure(self) -> None:

@@ -137,6 +137,10 @@ class RingState:
         self.error: str | None = None
         self.refused: str | None = None
         """Why the stored ring was refused (lower generation, another ring_id); None when it was not."""
+        from mrtr_keys.keystores.watch import lease_clock
+
+        self.loaded_at = lease_clock()
+        """`lease_clock` time just before the first ring was read (the self-fencing lease starts there)."""
         ring = keystore.load()
         self.snapshot = Snapshot(ring)
         self.inline = True
@@ -243,7 +247,7 @@ class Keeper:
             state.keystore, reload, interval=config.reload_interval, every_check=core.poll_registry, on_error=on_error
         )
         core.watcher = self.watcher
-        core.fence = sidecar_fence(self.watcher, config)
+        core.fence = sidecar_fence(self.watcher, config, loaded_at=state.loaded_at)
 
     def start(self) -> None:
         """Write the first heartbeat (when the audit sink has a store) and start the watcher: the app's
@@ -292,7 +296,7 @@ class Keeper:
             self._core.presence.stop()
 
 
-def sidecar_fence(watcher: Any, config: Any) -> Any:
+def sidecar_fence(watcher: Any, config: Any, *, loaded_at: float | None = None) -> Any:
     """The sidecar's `Fence` (`mrtr_keys.codecs.fence`): ``config.lease``, else 3 heartbeat intervals (the
     gates' staleness window), or off when reload is off."""
     from mrtr_keys.codecs.fence import Fence, default_lease
@@ -300,7 +304,7 @@ def sidecar_fence(watcher: Any, config: Any) -> Any:
     lease = config.lease
     if lease is None:
         lease = default_lease(config.heartbeat_interval) if config.reload_interval > 0 else 0.0
-    return Fence(watcher, lease=lease)
+    return Fence(watcher, lease=lease, loaded_at=loaded_at)
 
 
 def keep_current(core: Any, config: Any) -> Keeper:
