@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import textwrap
 import threading
 import time
 import weakref
@@ -59,6 +60,8 @@ log = logging.getLogger("mrtr_keys.presence")
 
 CHANGE_POLL = 0.5
 """Seconds between looks at what the sources have loaded (in memory; a change is written at once)."""
+NOTE_CHARS = 300
+"""Longest presence note kept (shortened at a word boundary, never mid-word)."""
 STOP_TIMEOUT = 3.0
 """Seconds a shutdown waits for the ``stopped`` row to be written."""
 
@@ -155,7 +158,7 @@ class Presence:
             beat=format_ts(self._clock()),
             every_s=self.every,
             state=RUNNING,
-            note=notes[0][:200] if notes else None,
+            note=textwrap.shorten(notes[0], NOTE_CHARS, placeholder=" …") if notes else None,
         )
 
     def beat(self) -> bool:

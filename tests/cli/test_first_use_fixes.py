@@ -1,0 +1,70 @@
+"""Small things that confused a new user (issue 23), each as the user meets it.
+
+* ``init --keystore vault-kv:/secret/x`` (one slash) or ``aws-sm:name`` is refused with the right spelling,
+  and nothing is created (it used to make a local ring under a directory named ``vault-kv:``).
+* ``fleet status`` answers from presence alone when the keystore cannot be read (a note, exit 0).
+* A long presence note is wrapped in 80 columns, never cut mid-word.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import mrtr_keys
+from tests.fixtures.audit import cli
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("vault-kv:/secret/x", "vault-kv://secret/x"),
+        ("vault-kv:secret/x", "vault-kv://secret/x"),
+        ("aws-sm:mrtr/keyring", "aws-sm://mrtr/keyring"),
+        ("file:ring.json", "file:///ring.json"),
+    ],
+)
+def test_a_known_scheme_without_slashes_is_refused_with_the_right_spelling(
+    tmp_path: Path, typed: str, meant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = cli("init", "--keystore", typed)
+    assert res.code == 2 or res.code == 1, res.out
+    assert f"did you mean {meant!r}" in res.err and "Traceback" not in res.err
+    assert len(res.err.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []  # no directory named "vault-kv:" (or anything else)
+
+
+def test_fleet_status_answers_from_presence_when_the_keystore_cannot_be_read(tmp_path: Path) -> None:
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    codec = mrtr_keys.request_state_security(ring, audience="svc", instance="svc-1").codec
+    assert codec.presence.beat()  # type: ignore[attr-defined]
+    ring.rename(tmp_path / "moved.json")  # the keystore is out of reach; the audit store is not
+    res = cli("fleet", "status", keystore=ring)
+    assert res.code == 0, res.err
+    assert "svc-1" in res.out and "live" in res.out
+    assert "keystore: no key ring at" in res.out and "every ring" in res.out
+    res = cli("fleet", "status", "--json", keystore=ring)
+    assert res.code == 0 and [r["name"] for r in res.json()] == ["svc-1"]
+    assert "keystore:" in res.err
+    codec.presence.stop()  # type: ignore[attr-defined]
+
+
+def test_a_long_note_is_wrapped_in_80_columns_not_cut(tmp_path: Path) -> None:
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    codec = mrtr_keys.request_state_security(ring, audience="svc", instance="svc-2").codec
+    note = (
+        "keystore: cannot reach Vault at https://vault.internal:8200: connection refused; check VAULT_ADDR/BAO_ADDR "
+        "and that the server is up, and that this pod's network policy lets it reach the Vault service on 8200"
+    )
+    codec.reload_refused = note  # type: ignore[attr-defined]
+    assert codec.presence.beat()  # type: ignore[attr-defined]
+    res = cli("fleet", "status", keystore=ring)
+    assert res.code == 0, res.err
+    assert all(len(line) <= 80 for line in res.out.splitlines())
+    assert " ".join(res.out.split()).endswith(" ".join(f"svc-2: refused a ring: {note}".split()))
+    codec.presence.stop()  # type: ignore[attr-defined]
