@@ -4,6 +4,7 @@
   and nothing is created (it used to make a local ring under a directory named ``vault-kv:``).
 * ``fleet status`` answers from presence alone when the keystore cannot be read (a note, exit 0).
 * A long presence note is wrapped in 80 columns, never cut mid-word.
+* A ``vault-kv://`` URL whose first segment is no mount says how to enable a KV version 2 engine there.
 """
 
 from __future__ import annotations
@@ -68,3 +69,13 @@ def test_a_long_note_is_wrapped_in_80_columns_not_cut(tmp_path: Path) -> None:
     assert all(len(line) <= 80 for line in res.out.splitlines())
     assert " ".join(res.out.split()).endswith(" ".join(f"svc-2: refused a ring: {note}".split()))
     codec.presence.stop()  # type: ignore[attr-defined]
+
+
+def test_a_vault_kv_url_without_a_mount_says_how_to_enable_one(bao_env: dict[str, str], tmp_path: Path) -> None:
+    url = f"vault-kv://nomount-{tmp_path.name[-12:]}/mrtr/keyring"
+    res = cli("init", "--keystore", url)
+    assert res.code != 0 and "Traceback" not in res.err
+    assert "there is no secrets engine mounted at" in res.err
+    assert "secrets enable -path=nomount-" in res.err and "kv-v2" in res.err
+    res = cli("rotate", "status", "--keystore", url)
+    assert "there is no secrets engine mounted at" in res.err
