@@ -5,10 +5,13 @@
 * ``fleet status`` answers from presence alone when the keystore cannot be read (a note, exit 0).
 * A long presence note is wrapped in 80 columns, never cut mid-word.
 * A ``vault-kv://`` URL whose first segment is no mount says how to enable a KV version 2 engine there.
+* ``--wait`` takes a duration (``15m``) like ``--if-older-than``; with ``MRTR_KEYS_LOG_FORMAT=json`` its
+  progress lines are JSON objects.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 
 import mrtr_keys
 from tests.fixtures.audit import cli
+from tests.fixtures.common import run_cli
 
 
 @pytest.mark.parametrize(
@@ -79,3 +83,20 @@ def test_a_vault_kv_url_without_a_mount_says_how_to_enable_one(bao_env: dict[str
     assert "secrets enable -path=nomount-" in res.err and "kv-v2" in res.err
     res = cli("rotate", "status", "--keystore", url)
     assert "there is no secrets engine mounted at" in res.err
+
+
+def test_wait_takes_a_duration_and_its_progress_is_json_with_the_json_log_format(tmp_path: Path) -> None:
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    stuck = mrtr_keys.request_state_security(ring, audience="svc", reload_every=0, instance="stuck").codec
+    assert cli("rotate", "begin", keystore=ring).code == 0
+    res = run_cli("rotate", "promote", "--wait", "0.03m", keystore=ring, env={"MRTR_KEYS_LOG_FORMAT": "json"})
+    assert res.code == 75, res.err
+    lines = res.err.strip().splitlines()
+    progress = [json.loads(line) for line in lines[:-1]]  # every line but the final refusal is a JSON object
+    assert progress and {"time", "level", "logger", "message", "pid", "step", "seconds_left"} <= set(progress[0])
+    assert progress[0]["step"] == "promote" and "instances ready 0 of 1" in progress[0]["message"]
+    assert 0 < progress[0]["seconds_left"] <= 1.8
+    bad = run_cli("rotate", "promote", "--wait", "soon", keystore=ring)
+    assert bad.code == 2 and "--wait must be a duration such as" in bad.err
+    stuck.presence.stop()  # type: ignore[attr-defined]

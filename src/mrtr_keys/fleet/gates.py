@@ -207,7 +207,7 @@ def _refusal(report: GateReport) -> NotYet:
     if longest is not None:
         head += f" (at least {math.ceil(longest)} s more: " + ", ".join(_named(w) for w in report.waits) + ")"
     return NotYet(
-        head + ": " + "; and ".join(parts) + ". Wait (--wait SECONDS) or override with --force",
+        head + ": " + "; and ".join(parts) + ". Wait (--wait DURATION) or override with --force",
         wait_seconds=longest,
         waits=[w.to_json() for w in report.waits],
     )
