@@ -210,9 +210,8 @@ def request_state_security(
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)
     if ring is not None and ttl > ring.server_ttl_limit:
-        raise ConfigError(
-            f"ttl {ttl:g} s is longer than the key ring's TTL ({ring.server_ttl_limit:g} s), so a retire could reject "
-            "rounds still in flight; raise the ring's TTL with: mrtr-keys keys ttl SECONDS"
-        )
+        from mrtr_keys.ring.model import server_ttl_too_long
+
+        raise ConfigError(server_ttl_too_long(ttl, ring.server_ttl_limit))
     security = RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))
     return with_single_use(security, single_use, single_use_for, on_store_error, observer=deferred)

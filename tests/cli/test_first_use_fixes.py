@@ -7,12 +7,15 @@
 * A ``vault-kv://`` URL whose first segment is no mount says how to enable a KV version 2 engine there.
 * ``--wait`` takes a duration (``15m``) like ``--if-older-than``; with ``MRTR_KEYS_LOG_FORMAT=json`` its
   progress lines are JSON objects.
+* ``clients list`` with no clients says how to add one; a server ``ttl`` above the ring's gets one advice
+  (``keys ttl``), from the library codec and the sidecar client alike.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,35 @@ def test_wait_takes_a_duration_and_its_progress_is_json_with_the_json_log_format
     bad = run_cli("rotate", "promote", "--wait", "soon", keystore=ring)
     assert bad.code == 2 and "--wait must be a duration such as" in bad.err
     stuck.presence.stop()  # type: ignore[attr-defined]
+
+
+def test_clients_list_with_no_clients_says_how_to_add_one(tmp_path: Path) -> None:
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    res = cli("clients", "list", keystore=ring)
+    assert res.code == 0
+    registry = tmp_path / "clients.json"
+    assert res.out.strip() == (
+        f"no sidecar clients in {registry}; add one with: mrtr-keys clients add NAME --audience AUDIENCE"
+    )
+    assert cli("clients", "list", "--json", keystore=ring).json() == {"clients": []}
+
+
+def test_a_server_ttl_above_the_rings_gives_one_advice_library_and_sidecar_alike(tmp_path: Path) -> None:
+    from mrtr_keys.codecs.sidecar_client import sidecar_security
+    from mrtr_keys.errors import ConfigError
+    from mrtr_keys.service.clients import add_client
+    from tests.fixtures.sidecar import start_sidecar
+
+    ring = tmp_path / "keyring.json"
+    assert cli("init", "--audience", "svc", keystore=ring).code == 0
+    advice = "raise the ring's TTL (at once, no rotation) with: mrtr-keys keys ttl SECONDS"
+    with pytest.raises(ConfigError, match=re.escape(advice)):
+        mrtr_keys.request_state_security(ring, audience="svc", ttl=1200, audit=False, reload_every=0)
+    _, secret = add_client(tmp_path / "clients.json", "web", audiences=["svc"], ops=["seal", "unseal"])
+    sidecar = start_sidecar(ring, workdir=tmp_path / "sc")
+    try:
+        with pytest.raises(ConfigError, match=re.escape(advice)):
+            sidecar_security(sidecar.url, audience="svc", secret=secret, ttl=1200)
+    finally:
+        sidecar.stop()
