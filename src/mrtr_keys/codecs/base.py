@@ -20,6 +20,7 @@ remote mode): the sealing sidecar runs such codecs in worker threads, and the ot
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, as_keystore
+from mrtr_keys.keystores.watch import lease_clock
 from mrtr_keys.ring.model import KeyRing
 
 log = logging.getLogger("mrtr_keys.codecs")
@@ -67,9 +69,9 @@ class KeyRingCodec:
     reload_refused: str | None = None
     """Why the last `reload()` kept the loaded ring although the keystore holds another one
     (lower generation, other ring), else None."""
-    fence: Fence | None = None
-    """The instance's self-fencing lease and unknown-kid look (`mrtr_keys.codecs.fence`); set by
-    `mrtr_keys.open_codec` with the ring watcher. None (a codec built alone): neither applies."""
+    _fence: Fence | None = None
+    _until: float = math.inf
+    """`lease_clock` time after which `seal`/`unseal` ask the fence first (inf: no fence)."""
 
     def __init__(
         self,
@@ -108,6 +110,24 @@ class KeyRingCodec:
         )
 
     @property
+    def fence(self) -> Fence | None:
+        """The instance's self-fencing lease and unknown-kid look (`mrtr_keys.codecs.fence`); set by
+        `mrtr_keys.open_codec` with the ring watcher. None (a codec built alone): neither applies."""
+        return self._fence
+
+    @fence.setter
+    def fence(self, fence: Fence | None) -> None:
+        self._fence = fence
+        self._until = math.inf if fence is None else fence.until
+
+    def _ask_fence(self) -> None:
+        """The lease ran out, or was last seen to: `Fence.ensure`, then the new end of the lease."""
+        fence = self._fence
+        if fence is not None:
+            fence.ensure()
+            self._until = fence.until
+
+    @property
     def audience(self) -> str:
         return self._audience
 
@@ -129,9 +149,8 @@ class KeyRingCodec:
         With a `fence` whose lease ran out, it first checks the keystore (and switches generation if
         there is a newer one), bounded by the keystore's deadline: the one time a local codec does I/O
         in the caller's thread, after a pause or while the keystore is unreachable."""
-        fence = self.fence
-        if fence is not None and fence.expired():
-            fence.ensure()
+        if lease_clock() >= self._until:  # the lease ran out (or was last seen to): one comparison
+            self._ask_fence()
         return self._seal(payload)
 
     def unseal(self, token: str) -> bytes:
@@ -144,18 +163,16 @@ class KeyRingCodec:
         does not know makes one rate-limited keystore check (`Fence.look_again`) and is tried once more
         if the ring changed (the audit log then shows the first attempt's ``unknown kid`` and the result).
         """
-        fence = self.fence
-        if fence is None:
-            return self._unseal(token)
-        if fence.expired():
-            fence.ensure()
-        generation = self._ring.generation
+        if lease_clock() >= self._until:
+            self._ask_fence()
+        unseal = self._unseal
         try:
-            return self._unseal(token)
+            return unseal(token)
         except Exception as exc:  # the SDK's InvalidRequestState, imported lazily (see codecs.aesgcm.reject)
-            if str(exc) != UNKNOWN_KID or not _invalid(exc):
+            fence = self._fence
+            if fence is None or str(exc) != UNKNOWN_KID or not _invalid(exc):
                 raise
-            if not fence.look_again(generation, lambda: self._ring.generation):
+            if not fence.look_again(unseal, lambda: self._unseal):  # the core in use changed: a new ring
                 raise
         return self._unseal(token)
 

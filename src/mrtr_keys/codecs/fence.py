@@ -81,7 +81,6 @@ class Fence:
             and None when a check succeeds again.
         loaded_at: `lease_clock` time just before the instance read the ring it started with: the lease
             runs from there until the watcher's first check (None: the first call checks).
-        clock: the `lease_clock` (tests inject one).
 
     Attributes:
         sync_checks: keystore checks `ensure` made. looks: keystore checks `look_again` made.
@@ -100,14 +99,16 @@ class Fence:
         look_gap: float = DEFAULT_LOOK_GAP,
         on_fenced: Callable[[str | None], Any] | None = None,
         loaded_at: float | None = None,
-        clock: Callable[[], float] = lease_clock,
     ) -> None:
         self.watcher = watcher
         self.lease = check_lease(lease)
         self.look_gap = look_gap
         self.on_fenced = on_fenced
-        self.clock = clock
+        self.clock = lease_clock
         self._loaded_at = loaded_at
+        self.until = -math.inf
+        """`lease_clock` time at which the lease runs out (inf when off), as of the last look at the watcher:
+        the hot path compares the clock with it (``lease_clock() >= fence.until``), then calls `ensure`."""
         self.sync_checks = 0
         self.looks = 0
         self.fenced_out = 0
@@ -116,18 +117,25 @@ class Fence:
         self._last_look = -math.inf
         self._ensure_lock = threading.Lock()
         self._look_lock = threading.Lock()
+        self._refresh()
 
     def __repr__(self) -> str:
         return f"Fence(lease={self.lease:g}, fenced_out={self.fenced_out}, error={self.error!r})"
 
-    def expired(self) -> bool:
-        """True when the lease is on and has run out (the hot path: one clock read)."""
+    def _refresh(self) -> None:
+        """`until` from the watcher's last successful check (or the first load)."""
         if self.lease == 0:
-            return False
+            self.until = math.inf
+            return
         started = self.watcher.ok_started
         if started is None:
             started = self._loaded_at
-        return started is None or self.clock() - started >= self.lease
+        self.until = -math.inf if started is None else started + self.lease
+
+    def expired(self) -> bool:
+        """True when the lease is on and has run out."""
+        self._refresh()
+        return self.clock() >= self.until
 
     def ensure(self) -> None:
         """Before serving: if the lease ran out, check the keystore now (see the module docstring).
@@ -175,6 +183,7 @@ class Fence:
             self.watcher.check()
             if self.watcher.error is None:
                 self._renewed()
+            self._refresh()
             return current() != seen
 
     def may_look(self) -> bool:

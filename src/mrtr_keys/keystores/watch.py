@@ -43,14 +43,12 @@ JITTER = 0.2
 """Each wait is ``interval * uniform(1 - JITTER, 1 + JITTER)``."""
 
 
-def lease_clock() -> float:
-    """Seconds on a clock that never goes back and keeps counting while the process is paused
-    (SIGSTOP, a GC pause) and, where the OS has one (Linux ``CLOCK_BOOTTIME``), while the machine
-    sleeps: the clock of `RingWatcher.ok_started` and of the self-fencing lease (`mrtr_keys.codecs.fence`)."""
-    return time.clock_gettime(_LEASE_CLOCK)
-
-
-_LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+lease_clock: Callable[[], float] = time.monotonic
+"""The clock of `RingWatcher.ok_started` and of the self-fencing lease (`mrtr_keys.codecs.fence`): it never
+goes back and keeps counting while the process is paused (SIGSTOP, a GC pause, a VM migration). It is read on
+every seal and unseal, so it is the cheapest such clock (``CLOCK_BOOTTIME``, which also counts a machine's
+sleep, costs twice as much a read from Python); a machine that slept is covered by the unknown-kid look and
+by the watcher's next check."""
 
 
 class WatchedGone(Exception):
