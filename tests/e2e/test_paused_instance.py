@@ -31,6 +31,7 @@ import pytest
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
+from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar, start_sidecar
 
 pytestmark = pytest.mark.e2e
@@ -39,28 +40,42 @@ HEARTBEAT = "0.5"
 TTL = "10"
 
 
-def _init(tmp_path: Path, postgres_url: str) -> tuple[Path, dict[str, str], str]:
-    ring = tmp_path / "ring" / "keyring.json"
-    env = {"MRTR_KEYS_AUDIT": postgres_url, "MRTR_KEYS_KEYSTORE": str(ring)}
+@pytest.fixture(params=["file", "vault-kv"])
+def shared_ring(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str) -> tuple[str, dict[str, str]]:
+    """(the ring's location, the fleet's environment): a ring file, or a Vault KV v2 secret in OpenBao with one
+    state directory (client registry, audit key) for the fleet; presence in PostgreSQL either way."""
+    env = {"MRTR_KEYS_AUDIT": postgres_url}
+    if request.param == "file":
+        ring = str(tmp_path / "ring" / "keyring.json")
+    else:
+        bao: OpenBao = request.getfixturevalue("openbao")
+        ring = f"vault-kv://secret/paused/{tmp_path.name}"
+        env.update({**bao.env(), "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")})
+    env["MRTR_KEYS_KEYSTORE"] = ring
+    return ring, env
+
+
+def _init(shared_ring: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str], str]:
+    ring, env = shared_ring
     assert run_cli("init", "--ttl", TTL, keystore=ring, env=env).code == 0
     res = run_cli("clients", "add", "driver", "--audience", "provisioner", "--json", keystore=ring, env=env)
     assert res.code == 0, res.err
     return ring, env, res.json()["secret"]
 
 
-def _sidecar(ring: Path, env: dict[str, str], tmp: Path, name: str, *extra: str, reload: float = 0.5) -> Sidecar:
+def _sidecar(ring: str, env: dict[str, str], tmp: Path, name: str, *extra: str, reload: float = 0.5) -> Sidecar:
     args = ("--instance", name, "--heartbeat-interval", HEARTBEAT, *extra)
     return start_sidecar(ring, workdir=tmp / name, reload_interval=reload, extra=args, env=env)
 
 
-def _step(ring: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
+def _step(ring: str, env: dict[str, str], *args: str) -> dict[str, Any]:
     res = run_cli("rotate", *args, "--json", keystore=ring, env=env, timeout=120)
     assert res.code == 0, res.err + res.out
     doc: dict[str, Any] = res.json()
     return doc
 
 
-def _wait_stale(ring: Path, env: dict[str, str], name: str, timeout: float = 20) -> None:
+def _wait_stale(ring: str, env: dict[str, str], name: str, timeout: float = 20) -> None:
     """Until `fleet status` shows `name` stale: the gates no longer count it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,7 +86,7 @@ def _wait_stale(ring: Path, env: dict[str, str], name: str, timeout: float = 20)
     raise AssertionError(f"{name} never went stale")
 
 
-def _retire_once_only_time_is_left(ring: Path, env: dict[str, str]) -> dict[str, Any]:
+def _retire_once_only_time_is_left(ring: str, env: dict[str, str]) -> dict[str, Any]:
     """`rotate retire --force` once `rotate status` waits for the TTL alone (every live instance loaded the
     promote; a stale one is not counted) and a held token's time has passed: forcing skips TTL + 60 s only."""
     deadline = time.monotonic() + 30
@@ -93,8 +108,10 @@ def _thaw(proc: Any) -> None:
     proc.send_signal(signal.SIGCONT)
 
 
-def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(tmp_path: Path, postgres_url: str) -> None:
-    ring, env, secret = _init(tmp_path, postgres_url)
+def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
+    tmp_path: Path, shared_ring: tuple[str, dict[str, str]]
+) -> None:
+    ring, env, secret = _init(shared_ring)
     pool = ServerPool(tmp_path / "servers", env=env)
     sidecars: list[Sidecar] = []
     traffic: Traffic | None = None
@@ -155,7 +172,7 @@ def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(tmp_path:
         traffic.stop()
         assert traffic.rejected == 0 and traffic.failed == 0, "\n".join(traffic.log[:20])
         summary = {"rounds": traffic.rounds, "rejected": traffic.rejected, "failed": traffic.failed, "waits": waits}
-        print(f"\npaused instances: {json.dumps(summary)}")
+        print(f"\npaused instances over {ring.split(':')[0] if '://' in ring else 'file'}: {json.dumps(summary)}")
         assert waits["promote"] >= 1.0  # the promote did wait for mcp-3 to go stale
     finally:
         if traffic is not None:
