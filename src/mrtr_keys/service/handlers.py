@@ -240,15 +240,6 @@ class SidecarCore(RingLifecycle):
             log.exception("%s failed (audience=%r)", op, audience)
             return Outcome("error", 500, INTERNAL_BODY, audience, reason="internal", token=token)
 
-    async def _fenced(self) -> None:
-        """The self-fencing lease (`mrtr_keys.codecs.fence`): once it ran out, check the keystore (in a
-        worker thread, bounded by its deadline) before serving; counted when served fenced out."""
-        fence = self.fence
-        if fence is not None and fence.expired():
-            await anyio.to_thread.run_sync(fence.ensure)
-            if fence.error is not None:
-                self.metrics.fenced.inc()
-
     async def _item(self, op: str, client: Client, item: object, loc: Loc) -> Outcome:
         """One seal or unseal item, start to end (awaits only to open a codec, run a remote one, or check the
         keystore: the lease ran out, or an unseal met an unknown kid and the ring is looked at once more)."""
@@ -258,14 +249,6 @@ class SidecarCore(RingLifecycle):
         if op == "unseal" and out.reason == UNKNOWN_KID and await self._look_again(generation):
             out = await self._item_once(op, client, item, loc)
         return out
-
-    async def _look_again(self, generation: int) -> bool:
-        """After an unknown kid: one rate-limited keystore check (`Fence.look_again`); True to retry."""
-        fence = self.fence
-        ring = self.ring
-        if fence is None or not fence.may_look():  # a forged kid flood costs no thread hop
-            return ring.ring.generation != generation
-        return bool(await anyio.to_thread.run_sync(fence.look_again, generation, lambda: ring.ring.generation))
 
     async def _item_once(self, op: str, client: Client, item: object, loc: Loc) -> Outcome:
         """One seal or unseal item on the current snapshot."""

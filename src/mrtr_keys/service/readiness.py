@@ -104,6 +104,25 @@ class RingLifecycle:
             raise Rejected(str(exc), tap.take()) from None
         return value, tap.take()
 
+    # ---------------------------------------------------------------- fencing
+
+    async def _fenced(self) -> None:
+        """The self-fencing lease (`mrtr_keys.codecs.fence`): once it ran out, check the keystore (in a
+        worker thread, bounded by its deadline) before serving; counted when served fenced out."""
+        fence = self.fence
+        if fence is not None and fence.expired():
+            await anyio.to_thread.run_sync(fence.ensure)
+            if fence.error is not None:
+                self.metrics.fenced.inc()
+
+    async def _look_again(self, generation: int) -> bool:
+        """After an unknown kid: one rate-limited keystore check (`Fence.look_again`); True to retry."""
+        fence = self.fence
+        ring = self.ring
+        if fence is None or not fence.may_look():  # a forged kid flood costs no thread hop
+            return ring.ring.generation != generation
+        return bool(await anyio.to_thread.run_sync(fence.look_again, generation, lambda: ring.ring.generation))
+
     # ---------------------------------------------------------------- state
 
     def describe(self) -> dict[str, Any]:
