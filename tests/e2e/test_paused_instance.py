@@ -188,7 +188,8 @@ def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
 
 
 def test_control_without_the_lease_a_paused_sidecar_seals_with_a_retired_kid(tmp_path: Path, postgres_url: str) -> None:
-    ring, env, secret = _init(tmp_path, postgres_url)
+    ring = str(tmp_path / "ring" / "keyring.json")
+    ring, env, secret = _init((ring, {"MRTR_KEYS_AUDIT": postgres_url, "MRTR_KEYS_KEYSTORE": ring}))
     sidecars = [
         _sidecar(ring, env, tmp_path, "sc-1"),
         _sidecar(ring, env, tmp_path, "sc-2", "--lease", "0", reload=60),
