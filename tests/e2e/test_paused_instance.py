@@ -5,6 +5,8 @@ Real processes share one key ring and one PostgreSQL audit store: three MCP serv
 silent instance after 1.5 s, and the self-fencing lease is 1.5 s). A driver sends multi-round flows
 continuously, each retry to another instance than the first round (`tests.e2e.traffic`).
 
+Over a ring file, `vault-kv://` (OpenBao) and `aws-sm://` (moto).
+
 * **Paused across a promote**: ``mcp-3`` is frozen with SIGSTOP before ``begin``; ``rotate next --wait``
   promotes once it is stale (it never loaded the new key); it is resumed after the promote and put back in
   traffic at once, where it meets tokens sealed with a key it never saw.
@@ -31,6 +33,7 @@ import pytest
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
+from tests.fixtures.moto_kms import AWS_ENV
 from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar, start_sidecar
 
@@ -40,17 +43,22 @@ HEARTBEAT = "0.5"
 TTL = "10"
 
 
-@pytest.fixture(params=["file", "vault-kv"])
+@pytest.fixture(params=["file", "vault-kv", "aws-sm"])
 def shared_ring(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str) -> tuple[str, dict[str, str]]:
-    """(the ring's location, the fleet's environment): a ring file, or a Vault KV v2 secret in OpenBao with one
-    state directory (client registry, audit key) for the fleet; presence in PostgreSQL either way."""
+    """(the ring's location, the fleet's environment): a ring file, or a Vault KV v2 secret in OpenBao, or a
+    Secrets Manager secret in moto, with one state directory (client registry, audit key) for the fleet;
+    presence in PostgreSQL in every case."""
     env = {"MRTR_KEYS_AUDIT": postgres_url}
     if request.param == "file":
         ring = str(tmp_path / "ring" / "keyring.json")
-    else:
+    elif request.param == "vault-kv":
         bao: OpenBao = request.getfixturevalue("openbao")
         ring = f"vault-kv://secret/paused/{tmp_path.name}"
         env.update({**bao.env(), "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")})
+    else:
+        moto: str = request.getfixturevalue("moto_server")
+        ring = f"aws-sm://paused/{tmp_path.name}"
+        env.update({**AWS_ENV, "AWS_ENDPOINT_URL": moto, "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")})
     env["MRTR_KEYS_KEYSTORE"] = ring
     return ring, env
 
