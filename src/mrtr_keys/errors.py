@@ -73,13 +73,17 @@ class RotationError(MrtrKeysError):
 
 
 class NotYet(RotationError):
-    """A rotation step is not allowed yet (exit 75, EX_TEMPFAIL); `wait_seconds` says for how long."""
+    """A rotation step is not allowed yet (exit 75, EX_TEMPFAIL); `wait_seconds` says for how long (the
+    longest known wait), `waits` lists every gate still closed (``{"for", "seconds", "detail"}``)."""
 
     exit_code = 75
 
-    def __init__(self, message: str, *, wait_seconds: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, wait_seconds: float | None = None, waits: list[dict[str, object]] | None = None
+    ) -> None:
         super().__init__(message)
         self.wait_seconds = wait_seconds
+        self.waits = waits
 
 
 class BackendUnavailable(MrtrKeysError):

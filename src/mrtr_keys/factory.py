@@ -28,6 +28,7 @@ def open_codec(
     reload_every: float | None = None,
     instance: str | None = None,
     heartbeat_every: float | None = None,
+    lease: float | None = None,
     **backend_options: Any,
 ) -> Codec:
     """The codec the stored ring records (local, KMS, Vault transit), opened for `audience`, that
@@ -42,19 +43,37 @@ def open_codec(
     ``presence`` attribute) every `heartbeat_every` seconds (default 10) under the name `instance`
     (default ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
+    The codec also fences itself (`mrtr_keys.codecs.fence`, its ``fence`` attribute): once `lease`
+    seconds have passed since its last successful keystore check (a pause, an outage), a seal or unseal
+    first checks the keystore; and an unseal that meets an unknown kid looks at the keystore once
+    (at most once a second) before refusing. `lease` defaults to the gates' staleness window, 3 x
+    `heartbeat_every` (30 s), or 0 (off) when `reload_every` is 0; 0 turns it off.
+
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.
         AudienceError: `audience` outside the ring's scope.
         BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
-        ConfigError: a bad `reload_every`, `heartbeat_every` or `instance`.
+        ConfigError: a bad `reload_every`, `heartbeat_every`, `lease` or `instance`.
     """
-    from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval
+    from mrtr_keys.codecs.fence import check_lease
+    from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval, lease_clock
 
     interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
+    lease = None if lease is None else check_lease(lease)
     store = as_keystore(keystore)
+    loaded_at = lease_clock()
     codec = build_codec(store, audience=audience, observer=observer, **backend_options)
     if callable(getattr(codec, "reload", None)):
-        _keep_current(codec, store, observer, interval=interval, instance=instance, heartbeat_every=heartbeat_every)
+        _keep_current(
+            codec,
+            store,
+            observer,
+            interval=interval,
+            instance=instance,
+            heartbeat_every=heartbeat_every,
+            lease=lease,
+            loaded_at=loaded_at,
+        )
     return codec
 
 
@@ -75,8 +94,10 @@ def _keep_current(
     interval: float,
     instance: str | None,
     heartbeat_every: float | None,
+    lease: float | None,
+    loaded_at: float,
 ) -> None:
-    """Start the codec's ring watcher, and its presence heartbeat when it has an audit store."""
+    """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store."""
     from mrtr_keys.keystores.watch import watch_codec
 
     presence = None
@@ -89,10 +110,45 @@ def _keep_current(
     with contextlib.suppress(AttributeError):
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
+        fence = _fence(codec, store, watcher, presence, interval=interval, lease=lease, loaded_at=loaded_at)
+        codec.fence = fence  # type: ignore[attr-defined]
     if presence is not None:
         from mrtr_keys.fleet.presence import codec_source
 
         presence.add(codec_source(codec, watcher))
+
+
+def _fence(
+    codec: Codec,
+    store: Keystore,
+    watcher: Any,
+    presence: Any,
+    *,
+    interval: float,
+    lease: float | None,
+    loaded_at: float,
+) -> Any:
+    """The codec's `Fence` over its watcher (or, with reload off, a watcher that is never started)."""
+    import weakref
+
+    from mrtr_keys.codecs.fence import Fence, default_lease
+    from mrtr_keys.fleet.instances import DEFAULT_HEARTBEAT
+    from mrtr_keys.keystores.watch import RingWatcher, WatchedGone
+
+    if lease is None:
+        every = presence.every if presence is not None else DEFAULT_HEARTBEAT
+        lease = default_lease(every) if interval > 0 else 0.0
+    if watcher is None:
+        ref = weakref.ref(codec)
+
+        def reload() -> bool:
+            target = ref()
+            if target is None:
+                raise WatchedGone
+            return bool(target.reload())
+
+        watcher = RingWatcher(store, reload, interval=0)
+    return Fence(watcher, lease=lease, loaded_at=loaded_at)
 
 
 def request_state_security(
@@ -131,7 +187,8 @@ def request_state_security(
         on_store_error: ``"deny"`` refuses rounds while the store fails (default); ``"allow"`` serves them.
         options: for a key-ring codec, `open_codec`'s: ``reload_every=`` (seconds between keystore
             checks, default 2, 0 = off), ``instance=`` (presence name), ``heartbeat_every=``
-            (seconds, default 10), and the backend's client settings.
+            (seconds, default 10), ``lease=`` (seconds, the self-fencing lease, default 3 heartbeats;
+            0 = off), and the backend's client settings.
 
     Raises:
         ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
@@ -155,9 +212,8 @@ def request_state_security(
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)
     if ring is not None and ttl > ring.server_ttl_limit:
-        raise ConfigError(
-            f"ttl {ttl:g} s is longer than the key ring's TTL ({ring.server_ttl_limit:g} s), so a retire could reject "
-            "rounds still in flight; raise the ring's TTL with: mrtr-keys keys ttl SECONDS"
-        )
+        from mrtr_keys.ring.model import server_ttl_too_long
+
+        raise ConfigError(server_ttl_too_long(ttl, ring.server_ttl_limit))
     security = RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))
     return with_single_use(security, single_use, single_use_for, on_store_error, observer=deferred)

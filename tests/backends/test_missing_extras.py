@@ -40,8 +40,13 @@ sys.meta_path.insert(0, _Absent())
             "the kms codec needs boto3: pip install 'mrtr-keys[kms]'",
         ),
         (("hvac",), ["--codec", "vault-transit", "--transit-key", "k"], "pip install 'mrtr-keys[vault]'"),
+        (
+            ("boto3", "botocore"),
+            ["--keystore", "aws-sm://mrtr/keyring"],
+            "the aws-sm keystore needs boto3: pip install 'mrtr-keys[kms]'",
+        ),
     ],
-    ids=["kms", "vault"],
+    ids=["kms", "vault", "aws-sm"],
 )
 def test_init_without_the_backend_library_prints_the_install_hint(
     tmp_path: Path, blocked: tuple[str, ...], args: list[str], hint: str

@@ -130,6 +130,7 @@ def _run_stack(
     assert done.returncode == 0, done.stdout + done.stderr
     secrets_dir = box.path(setup["volumes"][1].split(":")[1])
     assert sorted(p.name for p in secrets_dir.glob("*.secret")) == ["billing.secret", "orders.secret"]
+    assert {p.stat().st_mode & 0o777 for p in secrets_dir.glob("*.secret")} == {0o600}  # secrets: owner only
 
     sidecar = services["sidecar"]
 

@@ -11,7 +11,7 @@ from mcp.server.mcpserver import InvalidRequestState
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import ConflictError, KeyRingExists, KeyRingNotFound
-from mrtr_keys.factory import open_codec
+from mrtr_keys.factory import build_codec
 from tests.fixtures.common import run_cli
 from tests.fixtures.keyrings import fresh_ring
 from tests.fixtures.keystores import KeystoreUnderTest
@@ -26,10 +26,10 @@ def test_init_rotate_matrix_and_inspect(any_keystore: KeystoreUnderTest) -> None
     assert r.code == 0, r.err
     assert r.json()["keystore"] == ks.url and r.json()["generation"] == 1
     store = ks.open()
-    codecs = [open_codec(store, audience=AUD, reload_every=0)]  # one codec per generation: not kept current
+    codecs = [build_codec(store, audience=AUD)]  # one codec per generation: no watcher, no fence, never current
     for step in ("begin", "promote", "retire"):
         assert run_step(store, step, force=step == "retire").changed
-        codecs.append(open_codec(store, audience=AUD, reload_every=0))
+        codecs.append(build_codec(store, audience=AUD))
     assert [c.generation for c in codecs] == [1, 2, 3, 4]  # type: ignore[attr-defined]
     # Generations 1-2 seal with OLD, 3-4 with NEW; OLD opens in 1-3, NEW in 2-4.
     tokens = [c.seal(f"gen{i + 1}".encode()) for i, c in enumerate(codecs)]

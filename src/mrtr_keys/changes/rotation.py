@@ -202,11 +202,13 @@ def retire(ring: KeyRing, now: datetime, *, force: bool = False) -> ChangeResult
         )
     assert st.old is not None and st.retire_at is not None
     if st.wait_seconds > 0 and not force:
+        gate = f"promote + TTL {ring.ttl_seconds:g} s + {FUTURE_SKEW_SECONDS:g} s, until {format_time(st.retire_at)}"
         raise NotYet(
             f"retiring {st.old.kid} now would reject tokens still in flight: waiting {math.ceil(st.wait_seconds)} s "
             f"more, until {format_time(st.retire_at)} "
             f"(promote + TTL {ring.ttl_seconds:g} s + {FUTURE_SKEW_SECONDS:g} s)",
             wait_seconds=st.wait_seconds,
+            waits=[{"for": "TTL", "seconds": round(st.wait_seconds, 3), "detail": gate}],
         )
     olds = [k.kid for k in ring.keys if k.state is KeyState.VERIFY and k.demoted_at is not None]
     keys = tuple(replace(k, state=KeyState.RETIRED, retired_at=now) if k.kid in olds else k for k in ring.keys)

@@ -69,12 +69,16 @@ def add(
 @app.command("list")
 def list_(keystore_: KeystoreOpt = None, clients: ClientsOpt = None, json_: JsonOpt = False) -> None:
     """List clients: name, audiences, operations, created (never a secret or its hash)."""
-    from mrtr_keys.cli.output import print_json, print_table
+    from mrtr_keys.cli.output import print_json, print_line, print_table
     from mrtr_keys.service.clients import load_registry
 
-    rows = [c.describe() for c in load_registry(_path(keystore_, clients))]
+    path = _path(keystore_, clients)
+    rows = [c.describe() for c in load_registry(path)]
     if json_:
         print_json({"clients": rows})
+        return
+    if not rows:
+        print_line(f"no sidecar clients in {path}; add one with: mrtr-keys clients add NAME --audience AUDIENCE")
         return
     print_table(
         "sidecar clients",

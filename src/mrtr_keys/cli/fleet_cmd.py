@@ -9,13 +9,14 @@ heartbeat is older than ``--since`` (default 1h), are left out.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Annotated
 
 import typer
 
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import ConfigError, MrtrKeysError
 
 app = typer.Typer(help="The instances serving this key ring, as their heartbeats report them.", no_args_is_help=True)
 
@@ -52,11 +53,15 @@ def status(
     from mrtr_keys.audit.events import parse_event_time, parse_when
     from mrtr_keys.audit.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
-    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.cli.output import error, print_json, print_line
     from mrtr_keys.fleet.presence import read_instances
 
     store = keystore(keystore_)
-    ring = store.load()
+    ring, unreachable = None, None
+    try:
+        ring = store.load()
+    except MrtrKeysError as exc:  # presence lives in the audit store: say so and show every ring's instances
+        unreachable = f"keystore: {exc}; showing the instances of every ring in the audit store"
     audit = existing_store(store, audit=root_audit())
     if audit is None:
         raise ConfigError("no audit store for this key ring (auditing off, or nothing recorded yet): no presence")
@@ -66,18 +71,21 @@ def status(
         rows = [
             r
             for r in read_instances(audit)
-            if r.ring_id == ring.ring_id and parse_event_time(r.beat).timestamp() >= horizon
+            if (ring is None or r.ring_id == ring.ring_id) and parse_event_time(r.beat).timestamp() >= horizon
         ]
     finally:
         audit.close()
-    formats = {k.kid: k.format.value for k in ring.keys}  # mk1, or sdk-v1: the MCP SDK's own key
+    formats = {k.kid: k.format.value for k in ring.keys} if ring else {}  # mk1, or sdk-v1: the SDK's own key
     if json_:
         print_json([{**r.to_json(now), "primary_format": formats.get(r.primary_kid or "")} for r in rows])
+        if unreachable:
+            error(unreachable)
         return
     counts = {s: sum(r.status(now) == s for r in rows) for s in ("live", "stale", "stopped")}
-    print_line(
-        f"key ring {ring.ring_id} generation {ring.generation}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-    )
+    head = f"key ring {ring.ring_id} generation {ring.generation}" if ring else "every key ring"
+    print_line(f"{head}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if unreachable:
+        print_line(_wrap(unreachable, "  "))
     codec_w = max([5, *(len(r.codec or "-") for r in rows)])
     codec_w = min(codec_w, 13)
     name_w = WIDTH - codec_w - sum(w for _, w in COLUMNS) - 2 * (len(COLUMNS) + 1)
@@ -96,11 +104,16 @@ def status(
         ]
         print_line(_row(cells, widths))
         if r.note and r.status(now) != "stopped":
-            notes.append(f"  {r.name}: {r.note}")
+            notes.append(_wrap(f"{r.name}: {r.note}", "  "))
     for note in notes:
         print_line(note)
     for kid in sorted({r.primary_kid for r in rows if r.primary_kid and formats.get(r.primary_kid) == "sdk-v1"}):
         print_line(f"  {kid}: the MCP SDK's own key, sealing its v1. tokens (docs/migration.md)")
+
+
+def _wrap(text: str, indent: str) -> str:
+    """`text` wrapped at `WIDTH` columns at word boundaries (a note is never cut), continuation lines indented."""
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ", break_long_words=False)
 
 
 def _row(cells: list[str], widths: list[int]) -> str:

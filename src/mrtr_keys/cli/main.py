@@ -119,7 +119,10 @@ def run() -> None:
         error(str(exc))
         if json_requested(sys.argv[1:]):
             wait = getattr(exc, "wait_seconds", None)
-            print_json_error(str(exc), exc.exit_code, **({"wait_seconds": round(wait, 3)} if wait is not None else {}))
+            extra: dict[str, object] = {"wait_seconds": round(wait, 3)} if wait is not None else {}
+            if getattr(exc, "waits", None) is not None:
+                extra["waits"] = exc.waits  # type: ignore[attr-defined]
+            print_json_error(str(exc), exc.exit_code, **extra)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -2,11 +2,16 @@
 
 On a terminal it is one line redrawn in place (rich, on stderr, cleared at the end); in a pipeline's
 log it is a plain stderr line whenever what it waits for changes, and every `QUIET_SECONDS` otherwise.
+With ``--log-format json`` / ``MRTR_KEYS_LOG_FORMAT=json`` (as the Kubernetes CronJob sets) each such line
+is one JSON object instead, in the log format's fields (`mrtr_keys.logs.JsonFormatter`: time, level,
+logger, message, pid) plus ``step`` and ``seconds_left``, and never a redrawn line.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sys
 import time
 from types import TracebackType
@@ -28,8 +33,9 @@ class WaitProgress:
         from rich.console import Console
 
         from mrtr_keys.audit.stores.url import existing_store
-        from mrtr_keys.cli.options import root_audit
+        from mrtr_keys.cli.options import root_audit, root_log_format
 
+        self._json = root_log_format() == "json"
         self._keystore = keystore
         self._window = window
         self._store: AuditStore | None = existing_store(keystore, audit=root_audit())
@@ -39,7 +45,7 @@ class WaitProgress:
         self._last_print = 0.0
 
     def __enter__(self) -> WaitProgress:
-        if self._console.is_terminal:
+        if self._console.is_terminal and not self._json:
             from rich.live import Live
 
             self._live = Live("", console=self._console, transient=True, auto_refresh=False)
@@ -82,5 +88,21 @@ class WaitProgress:
         now = time.monotonic()
         if what != self._last_key or now - self._last_print >= QUIET_SECONDS:
             self._last_key, self._last_print = what, now
-            sys.stderr.write(f"mrtr-keys: {text}\n")
+            sys.stderr.write((_json_line(step, text, left) if self._json else f"mrtr-keys: {text}") + "\n")
             sys.stderr.flush()
+
+
+def _json_line(step: str, text: str, left: float) -> str:
+    """One progress line as a JSON object, in the fields of `mrtr_keys.logs.JsonFormatter`."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    doc = {
+        "time": stamp,
+        "level": "INFO",
+        "logger": "mrtr_keys.cli.wait",
+        "message": text,
+        "pid": os.getpid(),
+        "step": step,
+        "seconds_left": round(left, 3),
+    }
+    return json.dumps(doc, ensure_ascii=False)

@@ -1,8 +1,8 @@
 """`mrtr-keys rotate status|begin|promote|retire|next|abort|restore`: three-phase rotation (`ring.rotation`).
 
-``promote``, ``retire`` and ``next`` take ``--wait SECONDS``: wait for the gates (`mrtr_keys.changes.wait`)
-with a live progress line on stderr (instances ready N of M, the TTL countdown); exit 0 when the
-step is done, 75 only when the wait runs out.
+``promote``, ``retire`` and ``next`` take ``--wait DURATION`` (``900``, ``15m``): wait for the gates
+(`mrtr_keys.changes.wait`) with a live progress line on stderr (instances ready N of M, the TTL
+countdown); exit 0 when the step is done, 75 only when the wait runs out.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ WindowOpt = Annotated[
     ),
 ]
 WaitOpt = Annotated[
-    float | None,
+    str | None,
     typer.Option(
         "--wait",
-        metavar="SECONDS",
-        help="Wait up to SECONDS for the gates (progress on stderr); exit 75 only if they are still closed then.",
+        metavar="DURATION",
+        help="Wait up to DURATION (seconds, or 90s, 15m, 1h) for the gates (progress on stderr); exit 75 only if "
+        "they are still closed then.",
     ),
 ]
 
@@ -91,16 +92,18 @@ def _step(
     force: bool = False,
     ttl: float | None = None,
     window: float | None = None,
-    wait: float | None = None,
+    wait: str | None = None,
     if_older_than: str | None = None,
 ) -> None:
+    from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.changes.rotation import run_step
     from mrtr_keys.cli.options import change_listeners, root_audit
     from mrtr_keys.fleet.gates import rotation_gate_for
 
+    seconds = None if wait is None else parse_duration(wait, "--wait")
     store = keystore(keystore_)
     if if_older_than is not None:
-        from mrtr_keys.changes.lifecycle import parse_duration, younger_than
+        from mrtr_keys.changes.lifecycle import younger_than
         from mrtr_keys.ring.model import utcnow
 
         skip = younger_than(store.load(), utcnow(), parse_duration(if_older_than, "--if-older-than"))
@@ -108,7 +111,7 @@ def _step(
             _print(skip, json_)
             return
     gate = rotation_gate_for(store, audit=root_audit(), window=window)  # the audit store's gates; None without one
-    if wait is None:
+    if seconds is None:
         result = run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners())
     else:
         from mrtr_keys.changes.wait import run_step_waiting
@@ -118,7 +121,7 @@ def _step(
             result = run_step_waiting(
                 store,
                 step,
-                wait=wait,
+                wait=seconds,
                 on_wait=progress.update,
                 force=force,
                 ttl=ttl,

@@ -37,6 +37,14 @@ def serve(
         float | None,
         typer.Option("--heartbeat-interval", help="Seconds between presence heartbeats [default: 10]."),
     ] = None,
+    lease: Annotated[
+        float | None,
+        typer.Option(
+            "--lease",
+            help="Self-fencing lease: check the key ring before serving once this many seconds have passed since "
+            "the last successful check; 0: off [default: 3 heartbeat intervals].",
+        ),
+    ] = None,
     config: Annotated[str | None, typer.Option("--config", help="TOML file with a [sidecar] table.")] = None,
     clients: Annotated[
         str | None,
@@ -121,6 +129,7 @@ def serve(
         log_format=chosen,
         instance=instance,
         heartbeat_interval=heartbeat_interval,
+        lease=lease,
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

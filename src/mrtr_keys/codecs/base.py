@@ -20,17 +20,20 @@ remote mode): the sealing sidecar runs such codecs in worker threads, and the ot
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
 import mrtr_keys.tracing as tracing
+from mrtr_keys.codecs.fence import UNKNOWN_KID, Fence
 from mrtr_keys.codecs.generations import SWITCH, next_ring
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, as_keystore
+from mrtr_keys.keystores.watch import lease_clock
 from mrtr_keys.ring.model import KeyRing
 
 log = logging.getLogger("mrtr_keys.codecs")
@@ -66,6 +69,9 @@ class KeyRingCodec:
     reload_refused: str | None = None
     """Why the last `reload()` kept the loaded ring although the keystore holds another one
     (lower generation, other ring), else None."""
+    _fence: Fence | None = None
+    _until: float = math.inf
+    """`lease_clock` time after which `seal`/`unseal` ask the fence first (inf: no fence)."""
 
     def __init__(
         self,
@@ -104,6 +110,24 @@ class KeyRingCodec:
         )
 
     @property
+    def fence(self) -> Fence | None:
+        """The instance's self-fencing lease and unknown-kid look (`mrtr_keys.codecs.fence`); set by
+        `mrtr_keys.open_codec` with the ring watcher. None (a codec built alone): neither applies."""
+        return self._fence
+
+    @fence.setter
+    def fence(self, fence: Fence | None) -> None:
+        self._fence = fence
+        self._until = math.inf if fence is None else fence.until
+
+    def _ask_fence(self) -> None:
+        """The lease ran out, or was last seen to: `Fence.ensure`, then the new end of the lease."""
+        fence = self._fence
+        if fence is not None:
+            fence.ensure()
+            self._until = fence.until
+
+    @property
     def audience(self) -> str:
         return self._audience
 
@@ -120,7 +144,13 @@ class KeyRingCodec:
         """Seal `payload` with the current primary key; returns a token (see the codec's format).
 
         An ordinary method that reaches the core installed last, so a bound method kept by a caller
-        (``seal = codec.seal``) seals with the new primary after a reload too."""
+        (``seal = codec.seal``) seals with the new primary after a reload too.
+
+        With a `fence` whose lease ran out, it first checks the keystore (and switches generation if
+        there is a newer one), bounded by the keystore's deadline: the one time a local codec does I/O
+        in the caller's thread, after a pause or while the keystore is unreachable."""
+        if lease_clock() >= self._until:  # the lease ran out (or was last seen to): one comparison
+            self._ask_fence()
         return self._seal(payload)
 
     def unseal(self, token: str) -> bytes:
@@ -128,7 +158,22 @@ class KeyRingCodec:
 
         Raises:
             InvalidRequestState: for every other input, with a short reason code.
+
+        With a `fence`: the lease is checked first, as in `seal`; and a token whose kid the loaded ring
+        does not know makes one rate-limited keystore check (`Fence.look_again`) and is tried once more
+        if the ring changed (the audit log then shows the first attempt's ``unknown kid`` and the result).
         """
+        if lease_clock() >= self._until:
+            self._ask_fence()
+        unseal = self._unseal
+        try:
+            return unseal(token)
+        except Exception as exc:  # the SDK's InvalidRequestState, imported lazily (see codecs.aesgcm.reject)
+            fence = self._fence
+            if fence is None or str(exc) != UNKNOWN_KID or not _invalid(exc):
+                raise
+            if not fence.look_again(unseal, lambda: self._unseal):  # the core in use changed: a new ring
+                raise
         return self._unseal(token)
 
     def reload(self) -> bool:
@@ -203,3 +248,9 @@ class KeyRingCodec:
     def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:
         """kid -> 32-byte ring key for every usable key (verify and primary)."""
         raise NotImplementedError
+
+
+def _invalid(exc: Exception) -> bool:
+    from mcp.server.mcpserver import InvalidRequestState
+
+    return isinstance(exc, InvalidRequestState)

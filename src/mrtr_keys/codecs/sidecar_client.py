@@ -256,8 +256,7 @@ def sidecar_security(
         ring_ttl = None
     if isinstance(ring_ttl, int | float) and ttl > ring_ttl:
         codec.close()
-        raise ConfigError(
-            f"ttl {ttl:g} s is longer than the key ring's TTL ({ring_ttl:g} s), so a retire could reject "
-            "rounds still in flight; raise the ring's TTL with: mrtr-keys rotate begin --ttl SECONDS"
-        )
+        from mrtr_keys.ring.model import server_ttl_too_long
+
+        raise ConfigError(server_ttl_too_long(ttl, ring_ttl))
     return RequestStateSecurity(codec=codec, audience=audience, ttl=float(ttl))

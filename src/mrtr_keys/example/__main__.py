@@ -2,7 +2,8 @@
 
     python -m mrtr_keys.example --keystore PATH --audience NAME --host 127.0.0.1 --port N
         [--codec-from-ring | --sdk-default-key | --sidecar URL | --sdk-key-file PATH] [--instance NAME]
-        [--ttl SECONDS] [--reload-every SECONDS] [--heartbeat-every SECONDS] [--create-ring]
+        [--ttl SECONDS] [--reload-every SECONDS] [--heartbeat-every SECONDS] [--lease SECONDS]
+        [--create-ring]
 
 Key sources (mutually exclusive):
   --codec-from-ring (default)  ``mrtr_keys.request_state_security(keystore, audience=NAME)``: the codec the
@@ -75,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a presence heartbeat to the audit store this often (default 10)",
     )
     parser.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="self-fencing lease: check the key ring before serving once this long has passed since the last "
+        "successful check (default 3 heartbeats; 0: off)",
+    )
+    parser.add_argument(
         "--create-ring", action="store_true", help="create a local key ring at --keystore if none exists there"
     )
     add_key_source_options(parser)
@@ -120,7 +129,7 @@ def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
     """Extra keyword arguments for `mrtr_keys.request_state_security` from the key-source flags.
 
     Empty for ``--codec-from-ring`` but for the watcher and presence options (``reload_every``,
-    ``instance``, ``heartbeat_every``); ``--sidecar URL`` gives ``sidecar=URL``.
+    ``instance``, ``heartbeat_every``, ``lease``); ``--sidecar URL`` gives ``sidecar=URL``.
     """
     if getattr(args, "sidecar", None):
         return {"sidecar": args.sidecar}
@@ -129,6 +138,8 @@ def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
         options["reload_every"] = args.reload_every
     if args.heartbeat_every is not None:
         options["heartbeat_every"] = args.heartbeat_every
+    if args.lease is not None:
+        options["lease"] = args.lease
     if args.instance:
         options["instance"] = args.instance
     return options

@@ -112,22 +112,29 @@ def live_instances(
     return out
 
 
-def sealing_wait(store: AuditStore, ring: KeyRing, old_kid: str, now: datetime) -> Wait | None:
-    """A `SEALING` wait if the log shows `old_kid` sealing within the ring's TTL before `now`."""
+def sealing_wait(
+    store: AuditStore, ring: KeyRing, old_kid: str, now: datetime, *, since: datetime | None = None
+) -> Wait | None:
+    """A `SEALING` wait if the log shows `old_kid` sealing within the ring's TTL before `now` and after
+    `since` (the promote: a seal before it expires before the TTL gate, promote + TTL + 60 s, opens, so
+    only a seal after it can make retire wait longer, and only such a seal says an instance lags)."""
     ttl = ring.ttl_seconds
-    since = format_dt(now - timedelta(seconds=ttl))
-    last = store.query(Query(op="seal", kid=old_kid, outcome="ok", since=since, newest_first=True, limit=1))
+    start = now - timedelta(seconds=ttl)
+    if since is not None and since > start:
+        start = since
+    last = store.query(Query(op="seal", kid=old_kid, outcome="ok", since=format_dt(start), newest_first=True, limit=1))
     if not last:
         return None
     rec = last[0]
     until = parse_event_time(rec.event.time) + timedelta(seconds=ttl)
     wait = max(0.0, (until - now).total_seconds())
+    after = " after the promote" if since is not None else ""
     return Wait(
         SEALING,
         wait,
-        f"the audit log shows {old_kid} still sealing (last at {rec.event.time}, instance {rec.event.instance}); "
-        f"tokens it sealed stay valid for the TTL ({ttl:g} s), so retiring now would reject them: waiting "
-        f"{math.ceil(wait)} s more, until {format_dt(until)}, and longer if it keeps sealing",
+        f"the audit log shows {old_kid} still sealing{after} (last at {rec.event.time}, instance "
+        f"{rec.event.instance}); tokens it sealed stay valid for the TTL ({ttl:g} s), so retiring now would reject "
+        f"them: {math.ceil(wait)} s more, until {format_dt(until)}, and longer if it keeps sealing",
     )
 
 
@@ -175,32 +182,46 @@ def evaluate(store: AuditStore | None, ring: KeyRing, now: datetime, *, window: 
                 )
             )
         if st.old is not None and store is not None:
-            sealing = sealing_wait(store, ring, st.old.kid, now)
+            promoted = ring.primary.promoted_at or ring.primary.created_at
+            sealing = sealing_wait(store, ring, st.old.kid, now, since=promoted)
             if sealing is not None:
                 waits.append(sealing)
     return GateReport(step, target, live, lagging, waits)
 
 
 def _refusal(report: GateReport) -> NotYet:
-    blocking = report.blocking()
+    """The one refusal of a gated step: every closed gate with its own wait, and the longest as `wait_seconds`
+    (the same list and maximum `evaluate` gives ``rotate status``)."""
     why = {
         "promote": "promoting now would let the new key seal tokens they cannot verify",
         "retire": "they still seal with the old key",
     }.get(report.step, "")
     parts = []
-    for w in blocking:
+    for w in report.waits:
         if w.what == INSTANCES:
             parts.append(
                 f"{w.detail}; {why}. Live instances load it by themselves within seconds; one that crashed stops "
                 "counting 3 heartbeats after its last"
             )
+        elif w.what == SEALING:
+            advice = ". Make the lagging instance reload the key ring" if report.lagging else ""
+            parts.append(f"{w.detail}{advice}")
         else:
-            parts.append(f"{w.detail}. Make that instance reload the key ring")
-    known = [w.seconds for w in blocking if w.seconds is not None]
+            parts.append(f"the TTL gate ({w.detail}): {math.ceil(w.seconds or 0)} s more")
+    known = [w.seconds for w in report.waits if w.seconds is not None]
+    longest = max(known) if known else None
+    head = f"{report.step} not yet"
+    if longest is not None:
+        head += f" (at least {math.ceil(longest)} s more: " + ", ".join(_named(w) for w in report.waits) + ")"
     return NotYet(
-        f"{report.step} not yet: " + "; and ".join(parts) + ". Wait (--wait SECONDS) or override with --force",
-        wait_seconds=max(known) if known else None,
+        head + ": " + "; and ".join(parts) + ". Wait (--wait DURATION) or override with --force",
+        wait_seconds=longest,
+        waits=[w.to_json() for w in report.waits],
     )
+
+
+def _named(w: Wait) -> str:
+    return f"{w.what} {math.ceil(w.seconds)} s" if w.seconds is not None else f"{w.what} until they load it"
 
 
 def rotation_gate(store: AuditStore, *, window: float | None = None) -> Gate:

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import textwrap
 import threading
 import time
 import weakref
@@ -61,6 +62,8 @@ log = logging.getLogger("mrtr_keys.presence")
 
 CHANGE_POLL = 0.5
 """Seconds between looks at what the sources have loaded (in memory; a change is written at once)."""
+NOTE_CHARS = 300
+"""Longest presence note kept (shortened at a word boundary, never mid-word)."""
 STOP_TIMEOUT = 3.0
 """Seconds a shutdown waits for the ``stopped`` row to be written."""
 
@@ -157,7 +160,7 @@ class Presence:
             beat=format_ts(self._clock()),
             every_s=self.every,
             state=RUNNING,
-            note=notes[0][:200] if notes else None,
+            note=textwrap.shorten(notes[0], NOTE_CHARS, placeholder=" …") if notes else None,
         )
 
     def beat(self) -> bool:
@@ -296,10 +299,14 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
         ring = target.ring
         refused = getattr(target, "reload_refused", None)
         stuck = watcher.stuck_note() if watcher is not None else None
+        fence = getattr(target, "fence", None)
+        fenced = fence.note() if fence is not None else None
         if stuck:
             note: str | None = stuck
         elif refused:
             note = f"refused a ring: {refused}"
+        elif fenced:
+            note = fenced
         elif watcher is None:
             note = "reload off"
         elif watcher.error:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.ring.model import KeyRing
-from mrtr_keys.urls import refuse_nul
+from mrtr_keys.urls import redact, refuse_nul
 
 ENV_KEYSTORE = "MRTR_KEYS_KEYSTORE"
 DEFAULT_KEYSTORE = ".mrtr/keyring.json"
@@ -107,6 +107,7 @@ def open_keystore(
     """
     text = resolve_location(location)
     refuse_nul(text, "a keystore location")
+    _refuse_typo(text)
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     if scheme in ("", "file"):
         from mrtr_keys.keystores.file import FileKeystore, path_from_url
@@ -128,6 +129,28 @@ def open_keystore(
         return SecretsManagerKeystore.from_url(text, state_dir=state_dir)
     raise ConfigError(
         f"unsupported keystore URL scheme {scheme!r} (use a path, file:///PATH, vault-kv://MOUNT/PATH or aws-sm://NAME)"
+    )
+
+
+KNOWN_SCHEMES = ("file", "vault-kv", "aws-sm")
+
+
+def _refuse_typo(text: str) -> None:
+    """Refuse ``vault-kv:/secret/x`` or ``aws-sm:name`` (a known scheme without ``//``), which would
+    otherwise be a relative path under a directory named ``vault-kv:``; the message gives the right spelling.
+
+    Raises:
+        ConfigError: `text` starts with a known scheme and a colon but not ``://``.
+    """
+    head, colon, rest = text.partition(":")
+    if not colon or "://" in text or head.lower() not in KNOWN_SCHEMES:
+        return
+    scheme = head.lower()
+    rest = rest.lstrip("/")
+    right = f"file:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
+    raise ConfigError(
+        f"malformed keystore URL {redact(text)[:80]!r}: {scheme} URLs need '//' after the scheme; "
+        f"did you mean {redact(right)[:80]!r}?"
     )
 
 

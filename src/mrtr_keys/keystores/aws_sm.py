@@ -230,6 +230,8 @@ class SecretsManagerKeystore(RemoteKeystore):
 
     def _fail(self, exc: Exception, op: str) -> NoReturn:
         """Map a botocore error to ours, naming the keystore, the action and the error code."""
+        if isinstance(exc, MrtrKeysError):  # already ours: e.g. boto3 missing (the install hint), never re-mapped
+            raise exc
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,

@@ -102,7 +102,7 @@ class VaultKVKeystore(RemoteKeystore):
         try:
             meta = self.client.request("get", self._metadata_path)
         except VaultRefused as exc:
-            if exc.status == 404:
+            if exc.status == 404 and not _no_mount(exc):
                 return None
             self._fail(exc, "read", self._metadata_path)
         except BackendUnavailable as exc:
@@ -131,7 +131,7 @@ class VaultKVKeystore(RemoteKeystore):
         try:
             answer = self.client.request("get", self._data_path)
         except VaultRefused as exc:
-            if exc.status == 404:
+            if exc.status == 404 and not _no_mount(exc):
                 return None
             self._fail(exc, "read", self._data_path)
         except BackendUnavailable as exc:
@@ -186,4 +186,15 @@ class VaultKVKeystore(RemoteKeystore):
                 f"the token's policy needs {need!r} on {path!r} (docs/keystores.md)"
             ) from None
         detail = "; ".join(exc.errors) or "no detail"
+        if _no_mount(exc):
+            raise KeystoreError(
+                f"key ring {self.url}: there is no secrets engine mounted at {self.mount!r} (HTTP 404: {detail}); "
+                f"enable a KV version 2 engine there: vault secrets enable -path={self.mount} kv-v2 (or bao secrets "
+                "enable ...), or fix the first segment of the URL (the mount)"
+            ) from None
         raise KeystoreError(f"key ring {self.url}: Vault refused to {op} {path}: HTTP {exc.status}: {detail}") from None
+
+
+def _no_mount(exc: VaultRefused) -> bool:
+    """Vault's answer to a path under no mount: HTTP 404 "no handler for route" (not a missing secret)."""
+    return exc.status == 404 and any("no handler for route" in e for e in exc.errors)

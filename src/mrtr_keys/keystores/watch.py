@@ -60,6 +60,14 @@ def utc_text(when: float) -> str:
     return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+lease_clock: Callable[[], float] = time.monotonic
+"""The clock of `RingWatcher.ok_started` and of the self-fencing lease (`mrtr_keys.codecs.fence`): it never
+goes back and keeps counting while the process is paused (SIGSTOP, a GC pause, a VM migration). It is read on
+every seal and unseal, so it is the cheapest such clock (``CLOCK_BOOTTIME``, which also counts a machine's
+sleep, costs twice as much a read from Python); a machine that slept is covered by the unknown-kid look and
+by the watcher's next check."""
+
+
 class WatchedGone(Exception):
     """Raised by a reload callable whose codec no longer exists: the watcher thread ends."""
 
@@ -99,7 +107,8 @@ class RingWatcher:
     Attributes:
         error: why the last check failed, or None. checks / reads: counts of cheap checks and
         full reads. last_ok: POSIX time of the last successful check. last_check: POSIX time of the
-        last completed check, successful or not (None before the first).
+        last completed check, successful or not (None before the first). ok_started: `lease_clock` time
+        at which the last successful check *started* (what it read is at least that fresh).
 
     Raises (constructor):
         ConfigError: a bad interval.
@@ -130,6 +139,7 @@ class RingWatcher:
         self.last_check: float | None = None
         self._since = (time.time(), time.monotonic())
         """(POSIX, monotonic) time of the last completed check, else of `start()`: what `stuck_since` measures."""
+        self.ok_started: float | None = None
         self._revision: str | None = None
         self._force = True  # the first check always reads (see the module docstring)
         self._wake = threading.Event()
@@ -189,6 +199,7 @@ class RingWatcher:
 
     def _check(self) -> tuple[bool, bool]:
         """The check proper (lock held): (whether the ring was read and used, whether it switched)."""
+        started = lease_clock()
         self.checks += 1
         try:
             if self._every_check is not None:
@@ -196,6 +207,7 @@ class RingWatcher:
             rev = self.keystore.revision()
             if rev is not None and rev == self._revision and not self._force:
                 self._ok()
+                self.ok_started = started
                 return False, False
             self._force = False
             self.reads += 1
@@ -211,6 +223,7 @@ class RingWatcher:
             return False, False
         self._revision = rev
         self._ok()
+        self.ok_started = started
         return True, switched
 
     def _ok(self) -> None:

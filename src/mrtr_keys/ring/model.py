@@ -83,6 +83,15 @@ def check_ttl(ttl: object) -> float:
     return float(ttl)
 
 
+def server_ttl_too_long(ttl: float, limit: float) -> str:
+    """The one refusal of a server ``ttl`` above the ring's (`KeyRing.server_ttl_limit`), library codec and
+    sidecar client alike, with the one command that fixes it (``keys ttl``: raising is at once, no rotation)."""
+    return (
+        f"ttl {ttl:g} s is longer than the key ring's TTL ({limit:g} s), so a retire could reject rounds still in "
+        "flight; raise the ring's TTL (at once, no rotation) with: mrtr-keys keys ttl SECONDS"
+    )
+
+
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC, whole microseconds."""
     return datetime.now(UTC)

@@ -13,6 +13,7 @@ over the file, the file wins over the defaults::
     reload_interval = 2.0                     # seconds between keystore / registry checks (0: off)
     instance = "sidecar-1"                    # presence name (else MRTR_KEYS_INSTANCE, else host:pid)
     heartbeat_interval = 10.0                 # seconds between presence heartbeats
+    lease = 30.0                              # self-fencing lease (default 3 heartbeats; 0: off)
     max_body_bytes = 4259840                  # default: the 4 MiB token cap + 64 KiB of JSON around it
     max_batch_items = 256
     http = "corked"                           # or "httptools": uvicorn's own writes (else --http / MRTR_KEYS_HTTP)
@@ -109,6 +110,9 @@ class ServiceConfig:
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
     instance: str | None = None
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    lease: float | None = None
+    """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
+    None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
 
     def __post_init__(self) -> None:
         for name in ("single_use_clients", "single_use_audiences"):
@@ -140,6 +144,10 @@ class ServiceConfig:
         h = self.heartbeat_interval
         if not (isinstance(h, int | float) and not isinstance(h, bool) and 0.05 <= h <= 3600):
             raise ConfigError("heartbeat_interval must be a number of seconds from 0.05 to 3600")
+        if self.lease is not None:
+            from mrtr_keys.codecs.fence import check_lease
+
+            check_lease(self.lease)
         if self.instance is not None:
             from mrtr_keys.fleet.presence import instance_name
 

@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 
 from mrtr_keys.backends import Codec
+from mrtr_keys.codecs.fence import UNKNOWN_KID
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.replay.service_guard import STORE_UNAVAILABLE
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
@@ -260,7 +261,17 @@ class SidecarCore(RingLifecycle):
             return Outcome("error", 500, INTERNAL_BODY, audience, reason="internal", token=token)
 
     async def _item(self, op: str, client: Client, item: object, loc: Loc) -> Outcome:
-        """One seal or unseal item, start to end (awaits only to open a codec or run a remote one)."""
+        """One seal or unseal item, start to end (awaits only to open a codec, run a remote one, or check the
+        keystore: the lease ran out, or an unseal met an unknown kid and the ring is looked at once more)."""
+        await self._fenced()
+        generation = self.ring.ring.generation
+        out = await self._item_once(op, client, item, loc)
+        if op == "unseal" and out.reason == UNKNOWN_KID and await self._look_again(generation):
+            out = await self._item_once(op, client, item, loc)
+        return out
+
+    async def _item_once(self, op: str, client: Client, item: object, loc: Loc) -> Outcome:
+        """One seal or unseal item on the current snapshot."""
         if op == "seal":
             checked: tuple[str, Any] | Outcome = seal_check(client, item, loc)
             with_codec = self._seal_with
@@ -328,6 +339,7 @@ class SidecarCore(RingLifecycle):
         Same results, audit events and counts as running `_item` per item: each item is checked,
         sealed or unsealed on the loop, audited, and counted (counters added once per batch).
         """
+        await self._fenced()
         seal = op == "seal"
         check = seal_check if seal else unseal_check
         with_codec = self._seal_with if seal else self._unseal_with
@@ -353,7 +365,11 @@ class SidecarCore(RingLifecycle):
                     if codec is None:
                         out = await self._item(op, client, item, ("items", i))
                     else:
+                        generation = self.ring.ring.generation
                         out = with_codec(codec, audience, value, client)  # type: ignore[arg-type]
+                        if out.reason == UNKNOWN_KID and await self._look_again(generation):
+                            codecs = self.ring.snapshot.codecs
+                            out = await self._item_once(op, client, item, ("items", i))
                 outcome = out.outcome
                 key = (
                     out.audience if outcome not in ("forbidden", "invalid") and out.audience is not None else "-",

@@ -9,6 +9,8 @@
 * ``mrtr_sidecar_ring_watcher_last_check_timestamp_seconds``: when the ring watcher last completed a
   keystore check; ``mrtr_sidecar_ring_watcher_stuck``: 1 while none has completed for 3 intervals.
 * ``mrtr_sidecar_reloads_total{result}``: keystore / registry reload attempts (``switched``, ``failed``).
+* ``mrtr_sidecar_fenced_out_total``: operations served on the last good ring after the lease ran out and the
+  keystore check failed (`mrtr_keys.codecs.fence`).
 * ``mrtr_sidecar_rejections_total{reason}``: tokens the codec refused, by its reason code (``unknown kid``,
   ``retired kid``, ``seal`` (tag mismatch), ``malformed``, ``too long``, ``version``, ``vault refused``).
 * ``mrtr_sidecar_ring_phase``: rotation phase of the loaded ring (0 idle, 1 begun, 2 promoted);
@@ -84,6 +86,12 @@ class SidecarMetrics:
         )
         for result in ("switched", "failed"):  # exported as 0 from the start, so rate() and alerts see them
             self.reloads.labels(result)
+        self.fenced = Counter(
+            "mrtr_sidecar_fenced_out",
+            "Operations served on the last good key ring after the self-fencing lease ran out and the keystore "
+            "check failed (mrtr_keys.codecs.fence).",
+            registry=self.registry,
+        )
         self._count_children: dict[tuple[str, str, str], Counter] = {}
         self._latency_children: dict[str, Histogram] = {}
 

@@ -27,6 +27,7 @@ from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
 
 if TYPE_CHECKING:
+    from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
     from mrtr_keys.keystores.watch import RingWatcher
 
@@ -79,6 +80,8 @@ class RingLifecycle:
         """The ring watcher (`mrtr_keys.service.reload.keep_current`; the app's lifespan starts it)."""
         self.presence: Presence | None = None
         self._audit_down_logged: object = None
+        self.fence: Fence | None = None
+        """The self-fencing lease and unknown-kid look over the watcher (`keep_current` sets it)."""
 
     # ---------------------------------------------------------------- codecs
 
@@ -103,6 +106,25 @@ class RingLifecycle:
         except InvalidRequestState as exc:
             raise Rejected(str(exc), tap.take()) from None
         return value, tap.take()
+
+    # ---------------------------------------------------------------- fencing
+
+    async def _fenced(self) -> None:
+        """The self-fencing lease (`mrtr_keys.codecs.fence`): once it ran out, check the keystore (in a
+        worker thread, bounded by its deadline) before serving; counted when served fenced out."""
+        fence = self.fence
+        if fence is not None and fence.expired():
+            await anyio.to_thread.run_sync(fence.ensure)
+            if fence.error is not None:
+                self.metrics.fenced.inc()
+
+    async def _look_again(self, generation: int) -> bool:
+        """After an unknown kid: one rate-limited keystore check (`Fence.look_again`); True to retry."""
+        fence = self.fence
+        ring = self.ring
+        if fence is None or not fence.may_look():  # a forged kid flood costs no thread hop
+            return ring.ring.generation != generation
+        return bool(await anyio.to_thread.run_sync(fence.look_again, generation, lambda: ring.ring.generation))
 
     # ---------------------------------------------------------------- state
 

@@ -137,6 +137,10 @@ class RingState:
         self.error: str | None = None
         self.refused: str | None = None
         """Why the stored ring was refused (lower generation, another ring_id); None when it was not."""
+        from mrtr_keys.keystores.watch import lease_clock
+
+        self.loaded_at = lease_clock()
+        """`lease_clock` time just before the first ring was read (the self-fencing lease starts there)."""
         ring = keystore.load()
         self.snapshot = Snapshot(ring)
         self.inline = True
@@ -244,6 +248,7 @@ class Keeper:
         )
         core.watcher = self.watcher
         core.metrics.watch_watcher(self.watcher)
+        core.fence = sidecar_fence(self.watcher, config, loaded_at=state.loaded_at)
 
     def start(self) -> None:
         """Write the first heartbeat (when the audit sink has a store) and start the watcher: the app's
@@ -271,6 +276,9 @@ class Keeper:
             def view() -> Loaded:
                 ring = state.ring
                 note = watcher.stuck_note() or state.refused or (f"keystore: {state.error}" if state.error else None)
+                fence = core.fence
+                if note is None and fence is not None:
+                    note = fence.note()
                 if note is None and watcher.error:
                     note = f"keystore: {watcher.error}"
                 if note is None and watcher.interval == 0:
@@ -287,6 +295,17 @@ class Keeper:
         self.watcher.stop()
         if self._core.presence is not None:
             self._core.presence.stop()
+
+
+def sidecar_fence(watcher: Any, config: Any, *, loaded_at: float | None = None) -> Any:
+    """The sidecar's `Fence` (`mrtr_keys.codecs.fence`): ``config.lease``, else 3 heartbeat intervals (the
+    gates' staleness window), or off when reload is off."""
+    from mrtr_keys.codecs.fence import Fence, default_lease
+
+    lease = config.lease
+    if lease is None:
+        lease = default_lease(config.heartbeat_interval) if config.reload_interval > 0 else 0.0
+    return Fence(watcher, lease=lease, loaded_at=loaded_at)
 
 
 def keep_current(core: Any, config: Any) -> Keeper:

@@ -1,0 +1,126 @@
+"""Self-fencing (`mrtr_keys.codecs.fence`) as a library codec from `mrtr_keys.open_codec` shows it.
+
+Rules under test (issue 23): a codec whose lease ran out (it slept through a rotation) checks the keystore
+before it serves, so it never seals with a kid the fleet retired meanwhile; with the lease off it does (the
+control); a keystore that cannot be reached leaves the codec serving on its last good ring, fenced out,
+blocking at most one call a lease on the keystore; an unseal that meets an unknown kid looks at the keystore
+once and opens the token if the ring changed, and a flood of forged kids costs at most a look a second.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from mcp.server.mcpserver import InvalidRequestState
+
+import mrtr_keys
+from mrtr_keys.backends import Codec
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.codecs import fence as fence_module
+from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
+from mrtr_keys.fleet import instances
+from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.token import KID_BYTES, b64u_decode, b64u_encode
+
+AUD = "svc"
+LEASE = 0.3
+
+
+def _ring(tmp_path: Path) -> FileKeystore:
+    store = FileKeystore(tmp_path / "ring" / "keyring.json")
+    create_ring(store, audiences=(AUD,), ttl=60)
+    return store
+
+
+def _rotate(store: FileKeystore) -> int:
+    """begin, promote and a forced retire: the old primary is retired when this returns."""
+    for step in ("begin", "promote", "retire"):
+        ring = run_step(store, step, force=True).ring
+    return ring.generation
+
+
+def _open(store: FileKeystore, **options: object) -> Codec:
+    options.setdefault("reload_every", 60)  # the watcher does not tick during a test: the fence must act
+    return mrtr_keys.open_codec(store, audience=AUD, **options)  # type: ignore[arg-type]
+
+
+def test_the_lease_is_the_gates_staleness_window() -> None:
+    assert fence_module.LIVE_INTERVALS == instances.LIVE_INTERVALS
+    assert fence_module.default_lease(10) == 30
+
+
+def test_an_instance_that_slept_through_a_rotation_looks_before_it_seals(tmp_path: Path) -> None:
+    store = _ring(tmp_path)
+    paused = _open(store, lease=LEASE)
+    paused.unseal(paused.seal(b"warm"))  # loaded and checked: the lease holds
+    time.sleep(LEASE + 0.1)  # "paused": no check for longer than the lease
+    newest = _rotate(store)
+    fleet = _open(store)
+    token = paused.seal(b"after the pause")
+    assert fleet.unseal(token) == b"after the pause"
+    assert paused.generation == newest  # type: ignore[attr-defined]
+    assert paused.fence.sync_checks >= 1 and paused.fence.error is None  # type: ignore[attr-defined]
+
+
+def test_with_the_lease_off_the_same_instance_seals_with_a_retired_kid(tmp_path: Path) -> None:
+    store = _ring(tmp_path)
+    paused = _open(store, lease=0)
+    old = paused.generation  # type: ignore[attr-defined]
+    time.sleep(LEASE + 0.1)
+    _rotate(store)
+    fleet = _open(store)
+    token = paused.seal(b"after the pause")
+    with pytest.raises(InvalidRequestState, match="retired kid"):
+        fleet.unseal(token)
+    assert paused.generation == old  # type: ignore[attr-defined]
+
+
+def test_a_keystore_out_of_reach_serves_the_last_good_ring_fenced_out(tmp_path: Path) -> None:
+    store = _ring(tmp_path)
+    codec = _open(store, lease=LEASE)
+    codec.unseal(codec.seal(b"warm"))
+    fence = codec.fence  # type: ignore[attr-defined]
+    hidden = store.path.with_name("elsewhere.json")
+    store.path.rename(hidden)  # the mount is gone
+    time.sleep(LEASE + 0.05)
+    checks = fence.sync_checks
+    for i in range(20):
+        assert codec.unseal(codec.seal(b"%d" % i)) == b"%d" % i  # served on the last good ring
+    assert fence.sync_checks == checks + 1  # one blocked call a lease, not one a call
+    assert fence.fenced_out == 40 and fence.error
+    assert (fence.note() or "").startswith("fenced out: served 40 call(s) on the last good ring")
+    hidden.rename(store.path)
+    time.sleep(LEASE + 0.05)
+    codec.seal(b"back")
+    assert fence.error is None and fence.note() is None
+
+
+def _forged(token: str) -> str:
+    raw = b64u_decode(token[len(TOKEN_PREFIX) :])
+    return TOKEN_PREFIX + b64u_encode(os.urandom(KID_BYTES) + raw[KID_BYTES:])
+
+
+def test_an_unknown_kid_looks_at_the_keystore_once_and_opens_the_new_key(tmp_path: Path) -> None:
+    store = _ring(tmp_path)
+    behind = _open(store, reload_every=0, lease=0)  # missed the promote: reload off, lease off
+    assert behind.watcher is None  # type: ignore[attr-defined]
+    for step in ("begin", "promote"):
+        run_step(store, step, force=True)
+    fleet = _open(store)
+    assert behind.unseal(fleet.seal(b"new key")) == b"new key"
+    fence = behind.fence  # type: ignore[attr-defined]
+    assert fence.looks == 1 and behind.generation == fleet.generation  # type: ignore[attr-defined]
+
+    good = fleet.seal(b"x")
+    started, checks = time.monotonic(), fence.watcher.checks
+    refused = 0
+    while time.monotonic() - started < 1.0 and refused < 1000:
+        with pytest.raises(InvalidRequestState, match="unknown kid"):
+            behind.unseal(_forged(good))
+        refused += 1
+    assert refused == 1000
+    assert fence.watcher.checks - checks <= 2  # at most one keystore check a second

@@ -1,0 +1,86 @@
+"""The self-fencing lease against a remote keystore that is refused, then silent (issue 23).
+
+A library codec over ``vault-kv://`` (OpenBao through a `CountingProxy`) with a short lease. When the
+keystore refuses connections, or accepts them and never answers, calls go on being served on the last good
+ring, fenced out: at most one call a lease waits for the keystore, and for no longer than the client's
+deadline. Once the keystore answers again the lease is renewed and the note is gone.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import mrtr_keys
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.keystores.vault_kv import VaultKVKeystore
+from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
+from tests.fixtures.openbao import OpenBao
+from tests.support.proxy import CountingProxy
+
+AUD = "svc"
+LEASE = 0.5
+
+
+@contextmanager
+def _silent(port: int) -> Iterator[None]:
+    """While the proxy is stopped: a socket on its port that accepts connections (kernel backlog) and never
+    answers, as a hung keystore does."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(64)
+    try:
+        yield
+    finally:
+        sock.close()
+
+
+def _served(codec: object, n: int) -> float:
+    started = time.monotonic()
+    for i in range(n):
+        assert codec.unseal(codec.seal(b"%d" % i)) == b"%d" % i  # type: ignore[attr-defined]
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("outage", ["refused", "silent"])
+def test_a_keystore_out_of_reach_blocks_one_call_a_lease_for_at_most_its_deadline(
+    outage: str,
+    openbao: OpenBao,
+    bao_env: dict[str, str],
+    bao_proxy: CountingProxy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BAO_CLIENT_TIMEOUT", "1")
+    monkeypatch.setenv("BAO_MAX_RETRIES", "0")
+    monkeypatch.setenv("MRTR_KEYS_STATE_DIR", str(tmp_path / "state"))
+    direct = VaultKVKeystore(
+        "secret", f"fence/{tmp_path.name}", client=VaultClient(VaultSettings(addr=openbao.addr, token=openbao.token))
+    )
+    create_ring(direct, audiences=(AUD,))
+    codec = mrtr_keys.open_codec(direct.url, audience=AUD, reload_every=60, lease=LEASE)
+    fence = codec.fence  # type: ignore[attr-defined]
+    _served(codec, 2)
+    bao_proxy.stop()
+    with _silent(bao_proxy.port) if outage == "silent" else _nothing():
+        time.sleep(LEASE + 0.1)
+        first = _served(codec, 1)  # the lease ran out: this call looks, and waits for the deadline at most
+        rest = _served(codec, 20)  # fenced out: no other call waits within the next lease
+        assert fence.error and fence.sync_checks == 1 and fence.fenced_out == 42
+        assert first < 3.0 and rest < 0.5, (first, rest)
+        assert (fence.note() or "").startswith("fenced out: served")
+    bao_proxy.start()
+    time.sleep(LEASE + 0.1)
+    _served(codec, 1)
+    assert fence.error is None and fence.note() is None and fence.sync_checks == 2
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield

@@ -1,0 +1,236 @@
+"""A paused instance wakes up fenced: it looks at the keystore before it serves (issue 23).
+
+Real processes share one key ring and one PostgreSQL audit store: three MCP servers built with
+`mrtr_keys.request_state_security` and three sidecars, heartbeats every 0.5 s (so the gates stop counting a
+silent instance after 1.5 s, and the self-fencing lease is 1.5 s). A driver sends multi-round flows
+continuously, each retry to another instance than the first round (`tests.e2e.traffic`).
+
+Over a ring file, `vault-kv://` (OpenBao) and `aws-sm://` (moto).
+
+* **Paused across a promote**: ``mcp-3`` is frozen with SIGSTOP before ``begin``; ``rotate next --wait``
+  promotes once it is stale (it never loaded the new key); it is resumed after the promote and put back in
+  traffic at once, where it meets tokens sealed with a key it never saw.
+* **Paused at phase 1 across a retire**: ``sc-2`` has loaded ``begin`` and is frozen; ``promote`` goes on
+  (it had the new key), the gates stop counting it, and ``retire`` follows (forced only past the TTL + 60 s
+  time gate, once ``rotate status`` shows nothing else to wait for and no old-key token is in flight); it
+  is resumed and sealing at once, on a ring whose primary the fleet has retired.
+
+0 rejected rounds. `sc-2` checks the keystore only every 60 s (SIGHUP loads phase 1), so the wake-up does
+not coincide with a background check: only the lease makes it look. The control runs the same
+paused-at-phase-1 sidecar with ``--lease 0``, and must reject.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.servers import ServerPool
+from tests.e2e.traffic import Traffic
+from tests.fixtures.common import run_cli
+from tests.fixtures.moto_kms import AWS_ENV
+from tests.fixtures.openbao import OpenBao
+from tests.fixtures.sidecar import Sidecar, start_sidecar
+
+pytestmark = pytest.mark.e2e
+
+HEARTBEAT = "0.5"
+TTL = "10"
+
+
+@pytest.fixture(params=["file", "vault-kv", "aws-sm"])
+def shared_ring(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str) -> tuple[str, dict[str, str]]:
+    """(the ring's location, the fleet's environment): a ring file, or a Vault KV v2 secret in OpenBao, or a
+    Secrets Manager secret in moto, with one state directory (client registry, audit key) for the fleet;
+    presence in PostgreSQL in every case."""
+    env = {"MRTR_KEYS_AUDIT": postgres_url}
+    if request.param == "file":
+        ring = str(tmp_path / "ring" / "keyring.json")
+    elif request.param == "vault-kv":
+        bao: OpenBao = request.getfixturevalue("openbao")
+        ring = f"vault-kv://secret/paused/{tmp_path.name}"
+        env.update({**bao.env(), "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")})
+    else:
+        moto: str = request.getfixturevalue("moto_server")
+        ring = f"aws-sm://paused/{tmp_path.name}"
+        env.update({**AWS_ENV, "AWS_ENDPOINT_URL": moto, "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")})
+    env["MRTR_KEYS_KEYSTORE"] = ring
+    return ring, env
+
+
+def _init(shared_ring: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str], str]:
+    ring, env = shared_ring
+    assert run_cli("init", "--ttl", TTL, keystore=ring, env=env).code == 0
+    res = run_cli("clients", "add", "driver", "--audience", "provisioner", "--json", keystore=ring, env=env)
+    assert res.code == 0, res.err
+    return ring, env, res.json()["secret"]
+
+
+def _sidecar(ring: str, env: dict[str, str], tmp: Path, name: str, *extra: str, reload: float = 0.5) -> Sidecar:
+    args = ("--instance", name, "--heartbeat-interval", HEARTBEAT, *extra)
+    return start_sidecar(ring, workdir=tmp / name, reload_interval=reload, extra=args, env=env)
+
+
+def _step(ring: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    res = run_cli("rotate", *args, "--json", keystore=ring, env=env, timeout=120)
+    assert res.code == 0, res.err + res.out
+    doc: dict[str, Any] = res.json()
+    return doc
+
+
+def _wait_stale(ring: str, env: dict[str, str], name: str, timeout: float = 20) -> None:
+    """Until `fleet status` shows `name` stale: the gates no longer count it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = run_cli("fleet", "status", "--json", keystore=ring, env=env).json()
+        if any(r["name"] == name and r["status"] == "stale" for r in rows):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never went stale")
+
+
+def _retire_once_only_time_is_left(ring: str, env: dict[str, str]) -> dict[str, Any]:
+    """`rotate retire --force` once `rotate status` waits for the TTL alone (every live instance loaded the
+    promote; a stale one is not counted) and a held token's time has passed: forcing skips TTL + 60 s only."""
+    deadline = time.monotonic() + 30
+    while True:
+        st = _step(ring, env, "status")
+        if [w["for"] for w in st["waits"]] == ["TTL"] and st["instances_ready"] == st["instances_live"]:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.2)
+    time.sleep(1.0)  # tokens sealed with the old key before every instance loaded the promote: held 0.3 s
+    return _step(ring, env, "retire", "--force")
+
+
+def _freeze(proc: Any) -> None:
+    proc.send_signal(signal.SIGSTOP)
+
+
+def _thaw(proc: Any) -> None:
+    proc.send_signal(signal.SIGCONT)
+
+
+def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
+    tmp_path: Path, shared_ring: tuple[str, dict[str, str]]
+) -> None:
+    ring, env, secret = _init(shared_ring)
+    pool = ServerPool(tmp_path / "servers", env=env)
+    sidecars: list[Sidecar] = []
+    traffic: Traffic | None = None
+    try:
+        servers = [
+            pool.launch(
+                keystore=ring,
+                instance=n,
+                extra_args=("--ttl", TTL, "--heartbeat-every", HEARTBEAT, "--reload-every", "0.5"),
+            )
+            for n in ("mcp-1", "mcp-2", "mcp-3")
+        ]
+        pool.wait_ready()
+        sidecars = [
+            _sidecar(ring, env, tmp_path, "sc-1"),
+            _sidecar(ring, env, tmp_path, "sc-2", reload=60),
+            _sidecar(ring, env, tmp_path, "sc-3"),
+        ]
+        traffic = Traffic(
+            {s.instance: s.url for s in servers}, {f"sc-{i}": s.url for i, s in enumerate(sidecars, 1)}, secret
+        )
+        for name in ("mcp-1", "mcp-2", "mcp-3", "sc-1", "sc-2", "sc-3"):
+            traffic.put_in(name)
+        traffic.start()
+        traffic.wait_rounds(6)
+        waits: dict[str, float] = {}
+
+        # 1. mcp-3 frozen before begin, resumed after the promote
+        paused = servers[2]
+        traffic.take_out("mcp-3")
+        _freeze(paused.proc)
+        began = _step(ring, env, "next", "--wait", "60")
+        assert began["step"] == "begin"
+        sidecars[1].proc.send_signal(signal.SIGHUP)  # sc-2 checks only every 60 s: load phase 1 now
+        started = time.monotonic()
+        assert _step(ring, env, "next", "--wait", "60")["step"] == "promote"  # once mcp-3 is stale
+        waits["promote"] = round(time.monotonic() - started, 1)
+        traffic.wait_rounds(4)  # the new key seals on the others
+        _thaw(paused.proc)
+        traffic.put_in("mcp-3")
+        traffic.wait_rounds(6, involving="mcp-3")
+        _retire_once_only_time_is_left(ring, env)
+
+        # 2. sc-2 on phase 1 (began) frozen across promote and retire
+        began = _step(ring, env, "next", "--wait", "60")
+        assert began["step"] == "begin"
+        sidecars[1].proc.send_signal(signal.SIGHUP)
+        sidecars[1].wait_generation(secret, began["generation"])
+        traffic.take_out("sc-2")
+        _freeze(sidecars[1].proc)
+        assert _step(ring, env, "next", "--wait", "60")["step"] == "promote"  # sc-2 had the new key
+        _wait_stale(ring, env, "sc-2")
+        _retire_once_only_time_is_left(ring, env)
+        _thaw(sidecars[1].proc)
+        traffic.put_in("sc-2")
+        traffic.wait_rounds(6, involving="sc-2")
+        traffic.wait_rounds(6, involving="mcp-3")
+        traffic.stop()
+        assert traffic.rejected == 0 and traffic.failed == 0, "\n".join(traffic.log[:20])
+        summary = {"rounds": traffic.rounds, "rejected": traffic.rejected, "failed": traffic.failed, "waits": waits}
+        print(f"\npaused instances over {ring.split(':')[0] if '://' in ring else 'file'}: {json.dumps(summary)}")
+        assert waits["promote"] >= 1.0  # the promote did wait for mcp-3 to go stale
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        for s in servers if "servers" in locals() else []:
+            if s.proc.poll() is None:
+                _thaw(s.proc)
+        for sc in sidecars:
+            if sc.proc.poll() is None:
+                _thaw(sc.proc)
+            sc.stop()
+        pool.close()
+
+
+def test_control_without_the_lease_a_paused_sidecar_seals_with_a_retired_kid(tmp_path: Path, postgres_url: str) -> None:
+    ring = str(tmp_path / "ring" / "keyring.json")
+    ring, env, secret = _init((ring, {"MRTR_KEYS_AUDIT": postgres_url, "MRTR_KEYS_KEYSTORE": ring}))
+    sidecars = [
+        _sidecar(ring, env, tmp_path, "sc-1"),
+        _sidecar(ring, env, tmp_path, "sc-2", "--lease", "0", reload=60),
+        _sidecar(ring, env, tmp_path, "sc-3"),
+    ]
+    traffic = Traffic({}, {f"sc-{i}": s.url for i, s in enumerate(sidecars, 1)}, secret)
+    try:
+        for name in ("sc-1", "sc-2", "sc-3"):
+            traffic.put_in(name)
+        traffic.start()
+        traffic.wait_rounds(4)
+        began = _step(ring, env, "next", "--wait", "60")
+        sidecars[1].proc.send_signal(signal.SIGHUP)
+        sidecars[1].wait_generation(secret, began["generation"])
+        traffic.take_out("sc-2")
+        _freeze(sidecars[1].proc)
+        assert _step(ring, env, "next", "--wait", "60")["step"] == "promote"
+        _wait_stale(ring, env, "sc-2")
+        _retire_once_only_time_is_left(ring, env)
+        _thaw(sidecars[1].proc)
+        traffic.put_in("sc-2")
+        deadline = time.monotonic() + 20
+        while traffic.rejected == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        traffic.stop()
+        assert traffic.rejected > 0, traffic.summary()
+        rejected = [line for line in traffic.log if "REJECTED" in line]
+        assert rejected and all("sealed by sc-2" in line for line in rejected), traffic.log  # sealed after waking
+        assert "retired kid" in sidecars[0].output() + sidecars[2].output()
+        print(f"\ncontrol (lease off): {traffic.summary()}")
+    finally:
+        traffic.stop()
+        for sc in sidecars:
+            if sc.proc.poll() is None:
+                _thaw(sc.proc)
+            sc.stop()
