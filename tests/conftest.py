@@ -38,6 +38,7 @@ E2E_MODULES = frozenset(
 """Modules (or single tests) that start processes without one of those fixtures."""
 LONG_FIRST = (
     "e2e/test_fleet_rotation.py",
+    "e2e/test_paused_instance.py",
     "e2e/test_adopt_sdk.py",
     "docs/test_doc_commands.py",
     "e2e/test_fleet_controls.py",

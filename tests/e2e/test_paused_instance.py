@@ -5,7 +5,7 @@ Real processes share one key ring and one PostgreSQL audit store: three MCP serv
 silent instance after 1.5 s, and the self-fencing lease is 1.5 s). A driver sends multi-round flows
 continuously, each retry to another instance than the first round (`tests.e2e.traffic`).
 
-Over a ring file, `vault-kv://` (OpenBao) and `aws-sm://` (moto).
+Over `vault-kv://` (OpenBao) and `aws-sm://` (moto); the control over a ring file.
 
 * **Paused across a promote**: ``mcp-3`` is frozen with SIGSTOP before ``begin``; ``rotate next --wait``
   promotes once it is stale (it never loaded the new key); it is resumed after the promote and put back in
@@ -43,15 +43,13 @@ HEARTBEAT = "0.5"
 TTL = "10"
 
 
-@pytest.fixture(params=["file", "vault-kv", "aws-sm"])
+@pytest.fixture(params=["vault-kv", "aws-sm"])
 def shared_ring(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str) -> tuple[str, dict[str, str]]:
-    """(the ring's location, the fleet's environment): a ring file, or a Vault KV v2 secret in OpenBao, or a
-    Secrets Manager secret in moto, with one state directory (client registry, audit key) for the fleet;
-    presence in PostgreSQL in every case."""
+    """(the ring's location, the fleet's environment): a Vault KV v2 secret in OpenBao or a Secrets Manager
+    secret in moto, with one state directory (client registry, audit key) for the fleet; presence in
+    PostgreSQL. (A ring file is the control's keystore, and tests/e2e/test_fleet_rotation.py's.)"""
     env = {"MRTR_KEYS_AUDIT": postgres_url}
-    if request.param == "file":
-        ring = str(tmp_path / "ring" / "keyring.json")
-    elif request.param == "vault-kv":
+    if request.param == "vault-kv":
         bao: OpenBao = request.getfixturevalue("openbao")
         ring = f"vault-kv://secret/paused/{tmp_path.name}"
         env.update({**bao.env(), "MRTR_KEYS_STATE_DIR": str(tmp_path / "state")})
