@@ -1,6 +1,6 @@
 """``python -m bench [part ...]``: run the benchmark parts and print one table with PASS/MISS.
 
-Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, single_use,
+Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, audit_scale, single_use,
 cli_time, memory, fleet, typescript (one line and an n/a row without node). Services (OpenBao dev server,
 moto server, the sidecar) are started on free loopback ports and stopped at the end. Results are printed
 as a Markdown table and written to bench/results/<timestamp>.json and bench/results/latest.json.
@@ -32,6 +32,7 @@ PARTS = (
     "sidecar_load",
     "stalled",
     "audit",
+    "audit_scale",
     "single_use",
     "cli_time",
     "memory",

@@ -88,6 +88,7 @@ def prune(
         if rows[0][0] > high:
             break
         walker.feed([r for r in rows if r[0] <= high])
+        del rows  # one page alive at a time
         if progress is not None:
             progress("verify", walker.report.records, time.monotonic() - started)
     result.checked = walker.report.records

@@ -378,6 +378,7 @@ def verify_store(
         walker.expect_head(str(head["writer"]), int(head["seq"]))
     for rows in store.row_batches(after, page):
         walker.feed(rows)
+        del rows  # not alive while the next page is fetched: one page at a time
         if progress is not None:
             progress(walker.report.records, time.monotonic() - started)
     report = walker.finish(pairs)

@@ -218,8 +218,9 @@ class SQLStore:
             rows = self._fetch(sql, [after])
             if not rows:
                 return
-            yield rows
             after = int(rows[-1][0])
+            yield rows
+            del rows  # one page alive at a time: not this one while the next is fetched
 
     def position_of(self, writer: str, seq: int, time: str) -> int | None:
         """The storage position (``id``) of record `seq` of chain `writer` stored with event time
