@@ -171,3 +171,17 @@ def test_verify_since_a_checkpoint_starts_at_its_heads(tmp_path: Path) -> None:
     # no checkpoint that early: one line, exit 2
     res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--since", "2020-01-01")
     assert res.code == 2 and "no checkpoint at or before" in res.err
+
+
+def test_after_a_prune_verify_since_last_starts_at_the_newest_checkpoint(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/audit.db"
+    cps = tmp_path / "checkpoints.jsonl"
+    fill(url, 3_000, tx=500, span=3 * 86_400, start=1_700_000_000.0)  # 2023-11-14T22:13Z onwards
+    assert cli("audit", "checkpoint", "--audit", url, "--to", str(cps)).code == 0
+    fill(url, 2_000, tx=500, host="later-host", span=86_400, start=1_700_300_000.0)
+    res = cli("audit", "prune", "--before", "2023-11-16", "--audit", url, "--to", str(cps), "--json")
+    assert res.code == 0 and json.loads(res.out)["deleted"] >= 500, res.err
+    doc = _verify(url, cps, "--since", "last")  # the checkpoint's heads, not the prune's cuts
+    assert doc["ok"] and doc["records"] == 2_000 and doc["pruned_before"] == "2023-11-16T00:00:00.000000Z"
+    full = _verify(url, cps)
+    assert full["ok"] and int(full["records"]) == 5_000 - json.loads(res.out)["deleted"]  # type: ignore[call-overload]

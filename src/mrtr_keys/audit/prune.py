@@ -10,7 +10,7 @@
    deleted: ``verify`` then starts each chain after its cut, so a later deletion that is not a
    prune is still a gap, and an edit, insertion or reordering of the kept records still breaks
    their links.
-3. **Delete in bounded batches.** Pages of `PAGE` records in storage order, each deleted in one
+3. **Delete in bounded batches.** Pages of `DELETE_PAGE` records in storage order, each deleted in one
    short transaction (a range when the whole page goes, else by id), so writers are never held
    up for long. Records at or before a cut left by an interrupted prune are deleted too.
 
@@ -29,6 +29,8 @@ from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Walker, prune_starts
 from mrtr_keys.errors import AuditError, ConfigError
 
+DELETE_PAGE = 5_000
+"""Records deleted per transaction: a short write lock (SQLite) or a short transaction (PostgreSQL)."""
 Progress = Callable[[str, int, float], None]
 """``progress(phase, records, seconds)``: phase ``verify`` or ``delete``."""
 
@@ -117,7 +119,7 @@ def prune(
         }
         append_checkpoint(checkpoint_path, doc)
         result.checkpoint = str(checkpoint_path)
-    result.deleted = _delete(store, limits, high, page, progress, started)
+    result.deleted = _delete(store, limits, high, min(page, DELETE_PAGE), progress, started)
     result.seconds = time.monotonic() - started
     return result
 

@@ -305,12 +305,13 @@ def prune_starts(docs: Iterable[dict[str, Any]]) -> tuple[dict[str, Start], str 
 
 def pick_since(docs: Sequence[dict[str, Any]], since: str) -> dict[str, Any]:
     """The checkpoint to start from: the newest one written at or before `since` (an event time
-    string), or the newest of all for ``last``.
+    string), or the newest of all for ``last`` (``audit checkpoint`` documents; a prune's cuts
+    are the start of the chains it cut in any case).
 
     Raises:
         ConfigError: no checkpoint qualifies.
     """
-    dated = [d for d in docs if isinstance(d.get("time"), str)]
+    dated = [d for d in docs if isinstance(d.get("time"), str) and d.get("kind") != PRUNE and d.get("heads")]
     if since != "last":
         dated = [d for d in dated if d["time"] <= since]
     if not dated:
