@@ -1,9 +1,10 @@
 """``python -m bench [part ...]``: run the benchmark parts and print one table with PASS/MISS.
 
-Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, single_use,
-faults, cli_time, memory, fleet, typescript (one line and an n/a row without node). Services (OpenBao dev
-server, moto server, the sidecar) are started on free loopback ports and stopped at the end. Results are
-printed as a Markdown table and written to bench/results/<timestamp>.json and bench/results/latest.json.
+Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, audit_scale,
+single_use, faults, cli_time, memory, fleet, typescript (one line and an n/a row without node). Services
+(OpenBao dev server, moto server, the sidecar) are started on free loopback ports and stopped at the end.
+Results are printed as a Markdown table and written to bench/results/<timestamp>.json and
+bench/results/latest.json.
 
 Options: ``--quick`` (tiny counts, for a smoke run), ``--ops N`` (operations for the
 memory part, default 1,000,000), ``--repeats N``, ``--seconds S`` (per wrk run),
@@ -32,6 +33,7 @@ PARTS = (
     "sidecar_load",
     "stalled",
     "audit",
+    "audit_scale",
     "single_use",
     "faults",
     "cli_time",

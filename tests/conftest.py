@@ -29,6 +29,7 @@ E2E_MODULES = frozenset(
         "audit/test_gates.py",
         "audit/test_process_writer.py",
         "audit/test_concurrent_start.py",
+        "audit/test_verify_scale.py",
         "service/test_api.py",
         "service/test_reload.py",
         "service/test_clients_and_config.py",

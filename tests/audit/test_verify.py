@@ -16,6 +16,7 @@ import pytest
 from mrtr_keys.audit.chain import make_checkpoint, verify
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.verify_stream import verify_store
 from tests.fixtures.audit import insert, known_events
 
 
@@ -60,6 +61,13 @@ def _check(url: str, kind: str, execute: Callable[..., None], make_sink: Callabl
     execute(url, *TAMPER[kind])
     report = verify(store.records())
     assert not report.ok
+    streamed = verify_store(store, [], page=2).first  # pages of two rows: breaks across page ends
+    assert streamed is not None and report.first is not None
+    assert (streamed.kind, streamed.seq, streamed.position) == (
+        report.first.kind,
+        report.first.seq,
+        report.first.position,
+    )
     first = report.first
     assert first is not None and first.kind == kind
     # reported by position (storage order) and time: an edit at the first record of its batch (the 6
@@ -90,6 +98,8 @@ def test_jsonl_reordered_lines_are_detected(tmp_path: Path, make_sink: Callable[
     path.write_text("\n".join(lines) + "\n")
     first = verify(open_store(f"jsonl://{path}").records()).first
     assert first is not None and first.kind == "reordered" and first.position == 3
+    streamed = verify_store(open_store(f"jsonl://{path}"), []).first
+    assert streamed is not None and (streamed.kind, streamed.position) == ("reordered", 3)
 
 
 def test_a_cut_tail_is_invisible_to_the_chain_but_caught_by_a_checkpoint(
@@ -108,3 +118,6 @@ def test_a_cut_tail_is_invisible_to_the_chain_but_caught_by_a_checkpoint(
     report = verify(store.records(), [json.loads(json.dumps(cp))])
     assert report.first is not None and report.first.kind == "truncated"
     assert "seq 6" in report.first.detail and "ends at seq 4" in report.first.detail
+    streamed = verify_store(store, [json.loads(json.dumps(cp))])
+    assert streamed.first is not None and streamed.first.kind == "truncated"
+    assert "seq 6" in streamed.first.detail and "ends at seq 4" in streamed.first.detail

@@ -1,4 +1,6 @@
-"""`mrtr-keys audit tail|query|stats|verify|checkpoint|export|fingerprint`: read the token audit log.
+"""`mrtr-keys audit tail|query|stats|checkpoint|export|fingerprint`: read the token audit log.
+
+``verify`` is in `mrtr_keys.cli.audit_verify_cmd`, ``prune`` in `mrtr_keys.cli.audit_prune_cmd`.
 
 The store is ``--audit URL`` / ``MRTR_KEYS_AUDIT``, else ``audit.db`` beside the key ring
 (docs/audit.md). People get rich tables; ``--json`` gives a JSON array of events (the fields of
@@ -233,47 +235,6 @@ def stats(
         print_json([{"key": k, "count": n} for k, n in rows])
     else:
         print_table(f"events by {by}", [by, "count"], rows)
-
-
-@app.command("verify")
-def verify(
-    keystore_: KeystoreOpt = None,
-    audit: AuditOpt = None,
-    checkpoints: Annotated[
-        Path | None,
-        typer.Option("--checkpoints", help="Checkpoint file to check heads against [default: the checkpoint default]."),
-    ] = None,
-    json_: JsonOpt = False,
-) -> None:
-    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break."""
-    from mrtr_keys.audit.chain import read_checkpoints
-    from mrtr_keys.audit.chain import verify as verify_chain
-    from mrtr_keys.cli.output import print_json, print_line
-
-    store = _open(audit, keystore_)
-    cp_path = checkpoints or _default_checkpoints(keystore_)
-    docs = [d for d in read_checkpoints(cp_path) if d.get("store") in (None, store.url)]
-    report = verify_chain(store.records(), docs)
-    if json_:
-        print_json(report.to_json())
-    else:
-        first = report.first
-        if first is None:
-            print_line(
-                f"ok: {report.records} records in {report.chains} chain(s) verified; "
-                f"{report.checkpoints_checked} checkpointed head(s) present"
-            )
-        else:
-            where = f"position {first.position}" if first.position else "end of chain"
-            print_line(
-                f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
-                f"time {first.time}): {first.detail}"
-            )
-            for b in report.breaks:
-                if b is not first:
-                    print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
-    if not report.ok:
-        raise typer.Exit(1)
 
 
 def _default_checkpoints(keystore_: str | None) -> Path:

@@ -15,6 +15,8 @@ import typer
 
 from mrtr_keys.cli import (
     audit_cmd,
+    audit_prune_cmd,
+    audit_verify_cmd,
     clients_cmd,
     fleet_cmd,
     health_cmd,
@@ -45,6 +47,8 @@ app.add_typer(rotate_cmd.app, name="rotate")
 app.add_typer(fleet_cmd.app, name="fleet")
 app.add_typer(scope_cmd.app, name="audience")
 app.command("inspect")(inspect_cmd.inspect)
+audit_cmd.app.command("verify")(audit_verify_cmd.verify)
+audit_cmd.app.command("prune")(audit_prune_cmd.prune)
 app.add_typer(audit_cmd.app, name="audit")
 
 
@@ -109,6 +113,12 @@ app.add_typer(clients_cmd.app, name="clients")
 app.add_typer(keystore_cmd.app, name="keystore")
 
 
+OUT_OF_MEMORY = (
+    "out of memory: narrow the command (--since/--until, --limit, --op/--kid), or give it more memory "
+    "(audit verify, prune and export read the log in bounded pages)"
+)
+
+
 def run() -> None:
     """Console-script entry point: run the app, map errors to one line and an exit code."""
     from mrtr_keys.cli.output import error, json_requested, print_json_error
@@ -129,6 +139,9 @@ def run() -> None:
     except KeyboardInterrupt:
         error("interrupted")
         sys.exit(130)
+    except MemoryError:
+        error(OUT_OF_MEMORY)
+        sys.exit(1)
     except Exception as exc:  # the CLI's one catch-all: a line, never a traceback
         # Click (or Typer's bundled Click) usage errors: duck-typed so either flavour is caught.
         if type(exc).__name__ == "Abort":

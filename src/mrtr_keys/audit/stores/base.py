@@ -82,6 +82,15 @@ class AuditStore(Protocol):
         """How many records the store holds."""
         ...
 
+    def row_batches(self, after: int = 0, size: int = 20_000) -> Iterator[list[tuple[object, ...]]]:
+        """Every record after storage position `after` as raw rows (position, then `SQL_COLUMNS`
+        values), in storage order, at most `size` a list (streaming `verify`: bounded memory)."""
+        ...
+
+    def position_of(self, writer: str, seq: int, time: str) -> int | None:
+        """The storage position of record `seq` of chain `writer` with event time `time`, or None."""
+        ...
+
     def chain_length(self, writer: str, since: str) -> int:
         """The highest ``seq`` stored on chain `writer` among records whose time is at or after
         `since` (an event time string), 0 if none: how many events that writer has stored, when

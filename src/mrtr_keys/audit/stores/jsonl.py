@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS
-from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query
+from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query, record_row
 from mrtr_keys.errors import AuditError, ConfigError
 
 
@@ -110,6 +110,25 @@ class JSONLStore:
 
     def count(self) -> int:
         return sum(1 for _ in self.records())
+
+    def row_batches(self, after: int = 0, size: int = 20_000) -> Iterator[list[tuple[object, ...]]]:
+        """Rows (line number, then `SQL_COLUMNS`) of the lines after line `after`, `size` at a time."""
+        batch: list[tuple[object, ...]] = []
+        for r in self.records():
+            if r.position > after:
+                batch.append((r.position, *record_row(r)))
+                if len(batch) >= size:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
+
+    def position_of(self, writer: str, seq: int, time: str) -> int | None:
+        """The line of record `seq` of chain `writer` with event time `time`, or None."""
+        for r in self.records():
+            if r.writer == writer and r.seq == seq and r.event.time == time:
+                return r.position
+        return None
 
     def chain_length(self, writer: str, since: str) -> int:
         return max((r.seq for r in self.records() if r.writer == writer and r.event.time >= since), default=0)

@@ -215,6 +215,52 @@ class SQLStore:
     def count(self) -> int:
         return int(self._fetch("SELECT COUNT(*) FROM audit_events", [])[0][0])
 
+    def row_batches(self, after: int = 0, size: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
+        """Raw rows (``id``, then `SQL_COLUMNS`) with ``id > after``, in storage order, `size` at a
+        time (keyset pages on the primary key: memory bounded by one page at any log size)."""
+        sql = _SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT {int(size)}"
+        while True:
+            rows = self._fetch(sql, [after])
+            if not rows:
+                return
+            after = int(rows[-1][0])
+            yield rows
+            del rows  # one page alive at a time: not this one while the next is fetched
+
+    def position_of(self, writer: str, seq: int, time: str) -> int | None:
+        """The storage position (``id``) of record `seq` of chain `writer` stored with event time
+        `time` (found through the time index), or None if no such record is stored."""
+        p = self.PARAM
+        sql = f"SELECT MIN(id) FROM audit_events WHERE time = {p} AND writer = {p} AND seq = {p}"  # noqa: S608
+        row = self._fetch(sql, [time, writer, seq])
+        return int(row[0][0]) if row and row[0][0] is not None else None
+
+    def last_position_before(self, time: str) -> int:
+        """The highest storage position among records with event time before `time` (0 if none)."""
+        row = self._fetch(f"SELECT MAX(id) FROM audit_events WHERE time < {self.PARAM}", [time])  # noqa: S608
+        return int(row[0][0]) if row and row[0][0] is not None else 0
+
+    def delete_positions(self, low: int, high: int, ids: Sequence[int] | None = None) -> int:
+        """Delete, in one short transaction, the records with ``low < id <= high`` (all of them, or
+        only those in `ids`); returns how many were deleted (`mrtr_keys.audit.prune`).
+
+        Raises:
+            AuditError: the store cannot be written.
+        """
+        p = self.PARAM
+        with self._transaction("prune") as cur:
+            self._begin(cur)
+            if ids is None:
+                cur.execute(f"DELETE FROM audit_events WHERE id > {p} AND id <= {p}", (low, high))  # noqa: S608
+                return int(cur.rowcount)
+            deleted = 0
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                marks = ", ".join([p] * len(chunk))
+                cur.execute(f"DELETE FROM audit_events WHERE id IN ({marks})", chunk)  # noqa: S608
+                deleted += int(cur.rowcount)
+            return deleted
+
     def chain_length(self, writer: str, since: str) -> int:
         p = self.PARAM
         # The time index bounds the scan to the events since `since`; `writer` filters them.

@@ -1,0 +1,119 @@
+"""Part audit_scale: the audit log at 1 M and 5 M events (issue 26): verify, prune, bytes per event.
+
+For each size, a fresh SQLite store is filled with genuine events (`bench.audit_log.fill`: the
+writer's own rows and chain, times spread over 40 days), then measured with the real CLI in a child
+process (wall time; peak RSS from ``wait4``):
+
+* ``audit verify --json``: events/s, against the anchor of the same run: a bare read of every row
+  (``SELECT`` in pages, no hashing), and its peak RSS; the RSS ratio large/small shows the growth
+  (target flat: <= 1.2x);
+* ``audit prune --before 30d`` (a quarter of the events): events deleted/s, then verify again;
+* bytes per event (the store file, indexes included).
+
+Sizes: ``MRTR_KEYS_BENCH_AUDIT_SIZES`` (default ``1000000,5000000``; ``--quick``: 10 000 and 40 000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.audit_log import fill
+from bench.common import Settings
+from bench.report import Row
+from bench.services import Services
+
+PART = "audit_scale"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> tuple[dict[str, object], float, int]:
+    """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process."""
+    code = "import sys\nfrom mrtr_keys.cli.main import run\nsys.argv = ['mrtr-keys', *sys.argv[1:]]\nrun()\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, env=env, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text = out.read().decode()
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(f"mrtr-keys {' '.join(args)}: {err.read().decode().strip()}")
+    return json.loads(text), elapsed, usage.ru_maxrss // 1024
+
+
+def _bare_read(url: str) -> float:
+    """Rows per second of reading every row in pages, nothing else (the anchor)."""
+    from mrtr_keys.audit.stores.url import open_store
+
+    store = open_store(url)
+    started = time.perf_counter()
+    n = sum(len(rows) for rows in store.row_batches(0))
+    elapsed = time.perf_counter() - started
+    store.close()
+    return n / elapsed
+
+
+def run(services: Services, settings: Settings) -> list[Row]:
+    env_sizes = os.environ.get("MRTR_KEYS_BENCH_AUDIT_SIZES")
+    sizes = (
+        [10_000, 40_000]
+        if settings.quick
+        else [int(s) for s in (env_sizes or "1000000,5000000").split(",") if s.strip()]
+    )
+    rows: list[Row] = []
+    rss: dict[int, int] = {}
+    for n in sizes:
+        directory = services.workdir / f"audit-scale-{n}"
+        directory.mkdir(exist_ok=True)
+        db = directory / "audit.db"
+        url = f"sqlite://{db}"
+        started = time.perf_counter()
+        fill(url, n)
+        fill_rate = n / (time.perf_counter() - started)
+        size_mb = sum(p.stat().st_size for p in directory.glob("audit.db*")) / 2**20
+        cps = str(directory / "checkpoints.jsonl")
+        anchor = _bare_read(url)
+        doc, seconds, peak = _cli("audit", "verify", "--audit", url, "--checkpoints", cps, "--json")
+        if not doc.get("ok"):
+            raise RuntimeError(f"verify of a genuine log failed: {doc.get('first_break')}")
+        rss[n] = peak
+        rate = n / seconds
+        label = f"{n:,} events"
+        rows.append(
+            Row(PART, f"audit verify, {label}", "events/s", rate, anchor="bare paged read", ratio=rate / anchor).decide(
+                rate, ">= 300000 events/s"
+            )
+        )
+        rows[-1].note = f"bare read {anchor:,.0f} rows/s; fill {fill_rate:,.0f} events/s; {seconds:.1f} s"
+        rows.append(Row(PART, f"audit verify peak RSS, {label}", "MB", peak).decide(peak, "< 200 MB"))
+        rows.append(Row(PART, f"bytes per event, {label}", "B", size_mb * 2**20 / n, note=f"{size_mb:.0f} MB"))
+        res, pseconds, ppeak = _cli("audit", "prune", "--before", "30d", "--audit", url, "--to", cps, "--json")
+        deleted = int(res["deleted"])  # type: ignore[call-overload]
+        rows.append(
+            Row(PART, f"audit prune --before 30d, {label}", "events/s", deleted / pseconds, note=f"{deleted:,} deleted")
+        )
+        rows.append(Row(PART, f"audit prune peak RSS, {label}", "MB", ppeak).decide(ppeak, "< 200 MB"))
+        after, _, _ = _cli("audit", "verify", "--audit", url, "--checkpoints", cps, "--json")
+        if not after.get("ok"):
+            raise RuntimeError(f"verify after prune failed: {after.get('first_break')}")
+        db.unlink()
+        for extra in directory.glob("audit.db-*"):
+            extra.unlink()
+    if len(rss) >= 2:
+        small, large = min(rss), max(rss)
+        growth = rss[large] / rss[small]
+        rows.append(
+            Row(PART, f"verify RSS growth, {large // small}x the events", "x", growth, ratio=growth).decide(
+                growth, "<= 1.2x"
+            )
+        )
+    return rows

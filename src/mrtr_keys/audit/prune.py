@@ -1,0 +1,147 @@
+"""Retention that keeps the proof: ``audit prune --before T`` cuts every chain at a batch boundary.
+
+1. **Verify and plan.** The records stored before the newest one older than `T` are walked as
+   ``verify`` walks them (from each chain's earlier prune cut, `mrtr_keys.audit.verify_stream`):
+   a broken chain refuses the prune (deleting would destroy the evidence). Each chain's cut is
+   its newest verified batch end with an event time before `T`: whole batches only, so what
+   stays always starts with a batch that links to the cut.
+2. **Record the cut.** A checkpoint document ``{"kind": "prune", "before": T, "cuts": [{writer,
+   seq, hash, time}, ...]}`` is appended (and fsynced) to the checkpoint file before anything is
+   deleted: ``verify`` then starts each chain after its cut, so a later deletion that is not a
+   prune is still a gap, and an edit, insertion or reordering of the kept records still breaks
+   their links.
+3. **Delete in bounded batches.** Pages of `DELETE_PAGE` records in storage order, each deleted in one
+   short transaction (a range when the whole page goes, else by id), so writers are never held
+   up for long. Records at or before a cut left by an interrupted prune are deleted too.
+
+SQLite and PostgreSQL stores; a JSON-lines log is rotated by its shipper instead (ConfigError).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mrtr_keys.audit.chain import append_checkpoint
+from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Walker, prune_starts
+from mrtr_keys.errors import AuditError, ConfigError
+
+DELETE_PAGE = 5_000
+"""Records deleted per transaction: a short write lock (SQLite) or a short transaction (PostgreSQL)."""
+Progress = Callable[[str, int, float], None]
+"""``progress(phase, records, seconds)``: phase ``verify`` or ``delete``."""
+
+
+@dataclass
+class PruneResult:
+    """What a prune did: the cut-off, the chains cut, the records deleted and where the proof went."""
+
+    before: str
+    checkpoint: str | None = None
+    cuts: list[dict[str, Any]] = field(default_factory=list)
+    checked: int = 0
+    deleted: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "before": self.before,
+            "checkpoint": self.checkpoint,
+            "cuts": self.cuts,
+            "checked": self.checked,
+            "deleted": self.deleted,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def prune(
+    store: Any,
+    before: str,
+    docs: Sequence[dict[str, Any]],
+    checkpoint_path: str,
+    *,
+    now: float | None = None,
+    page: int = PAGE,
+    progress: Progress | None = None,
+) -> PruneResult:
+    """Delete the records of `store` older than `before` (an event time string) chain by chain at
+    batch boundaries, after appending the cut to `checkpoint_path` (see the module docstring).
+    `docs`: the checkpoint documents already written for this store (earlier prunes set where
+    each chain's walk starts).
+
+    Raises:
+        ConfigError: the store cannot be pruned (JSONL); AuditError: a chain before the cut is
+        broken (nothing is deleted), or the store cannot be read or written.
+    """
+    if not hasattr(store, "delete_positions"):
+        raise ConfigError(
+            f"{store.url}: a JSON-lines audit log is not pruned by mrtr-keys; rotate it with your log "
+            "shipper (or use a SQLite or PostgreSQL store)"
+        )
+    started = time.monotonic()
+    result = PruneResult(before=before)
+    starts, _ = prune_starts(docs)
+    high = store.last_position_before(before)
+    walker = Walker(starts=starts, skip_before_start=True, cut_before=before)
+    for rows in store.row_batches(0, page):
+        if rows[0][0] > high:
+            break
+        walker.feed([r for r in rows if r[0] <= high])
+        del rows  # one page alive at a time
+        if progress is not None:
+            progress("verify", walker.report.records, time.monotonic() - started)
+    result.checked = walker.report.records
+    broken = walker.broken()
+    if broken:
+        b = min(broken, key=lambda b: b.position or 1 << 62)
+        raise AuditError(
+            f"not pruning: chain {b.writer} is broken before the cut ({b.kind} at position {b.position}, seq "
+            f"{b.seq}: {b.detail}); pruning would delete the evidence (see mrtr-keys audit verify)"
+        )
+    limits = {w: s.seq for w, s in starts.items()}
+    for writer, (seq, link, when) in walker.cuts.items():
+        result.cuts.append({"writer": writer, "seq": seq, "hash": link, "time": when})
+        limits[writer] = max(limits.get(writer, 0), seq)
+    if not limits:
+        result.seconds = time.monotonic() - started
+        return result  # nothing before the cut-off
+    if result.cuts:
+        doc = {
+            "time": format_ts(time.time() if now is None else now),
+            "store": store.url,
+            "kind": PRUNE,
+            "before": before,
+            "heads": [],
+            "cuts": result.cuts,
+        }
+        append_checkpoint(checkpoint_path, doc)
+        result.checkpoint = str(checkpoint_path)
+    result.deleted = _delete(store, limits, high, min(page, DELETE_PAGE), progress, started)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _delete(store: Any, limits: dict[str, int], high: int, page: int, progress: Progress | None, started: float) -> int:
+    """Delete every record at or before its chain's limit among positions up to `high`."""
+    deleted = 0
+    after = 0
+    while after < high:
+        rows = next(iter(store.row_batches(after, page)), None)
+        if not rows:
+            break
+        rows = [r for r in rows if r[0] <= high]
+        if not rows:
+            break
+        doomed = [r[0] for r in rows if r[13] <= limits.get(r[12], 0)]
+        last = int(rows[-1][0])
+        if len(doomed) == len(rows):
+            deleted += store.delete_positions(after, last)
+        elif doomed:
+            deleted += store.delete_positions(after, last, doomed)
+        after = last
+        if progress is not None:
+            progress("delete", deleted, time.monotonic() - started)
+    return deleted

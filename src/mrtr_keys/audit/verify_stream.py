@@ -1,0 +1,387 @@
+"""Streaming ``audit verify``: every chain walked from raw rows read in bounded pages, from genesis,
+from a prune's cut, or from a checkpoint forward.
+
+Same findings as `mrtr_keys.audit.chain.verify` (deleted, altered, inserted, reordered,
+truncated; checkpointed heads present and unchanged), with memory bounded by one page of rows plus,
+per chain, its open batch (a batch is one writer transaction, at most 2 000 events for the
+product's writers; a longer one is hashed incrementally past `MAX_PENDING` rows) and a few
+numbers. Nothing grows with the log: a gap in a chain is classified (``deleted``, or
+``reordered`` if a missing seq turns up later in the walk) when the walk ends, not by holding
+every seq.
+
+Where a chain starts:
+
+* **genesis** (seq 1, ``prev_hash`` 64 zeros) by default;
+* **a prune's cut** (`mrtr_keys.audit.prune`): a checkpoint document with ``"kind": "prune"``
+  records, for every chain it cut, the last pruned record (seq, batch hash, time). The chain then
+  starts after it: the first kept batch must link to that hash and follow that seq, so a deletion
+  that is not a prune (a gap after the cut), an edit, an insertion or a reordering among the kept
+  events is caught as before. A record at or before the cut still in the store is reported as
+  ``inserted`` (it was put back, or a prune was interrupted: run it again);
+* **a checkpoint** (``--since``): its recorded heads are the trusted start; the walk begins at the
+  storage position of the oldest of them (found through the time index), and records at or before
+  a chain's start are not checked (the run makes no claim about them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, hash_values
+from mrtr_keys.errors import ConfigError
+
+PAGE = 20_000
+"""Rows read per page (keyset on the storage position)."""
+MAX_PENDING = 8_192
+"""Rows of one chain's open batch kept as objects; past this they are fed to an incremental hash."""
+PRUNE = "prune"
+"""``kind`` of a checkpoint document written by ``audit prune``."""
+
+_EMPTY = ("", "")
+Progress = Callable[[int, float], None]
+"""``progress(records_read, seconds_elapsed)``, called about once a page."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where one chain's walk starts: after record `seq`, whose batch hash is `hash`."""
+
+    writer: str
+    seq: int
+    hash: str
+    time: str | None
+    source: str  # "prune" or "checkpoint"
+
+
+@dataclass
+class StreamReport(VerifyReport):
+    """`VerifyReport` plus where the walk started and how fast it ran."""
+
+    since: str | None = None
+    """The time of the checkpoint the walk started from (``--since``), or None (from genesis)."""
+    pruned_before: str | None = None
+    """The newest prune's cut-off time, if the store was pruned."""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        rate = self.records / self.seconds if self.seconds > 0 else None
+        return {
+            **super().to_json(),
+            "since": self.since,
+            "pruned_before": self.pruned_before,
+            "seconds": round(self.seconds, 3),
+            "records_per_second": round(rate) if rate else None,
+        }
+
+
+class _Chain:
+    __slots__ = (
+        "brk",
+        "expected",
+        "first",
+        "gap",
+        "hasher",
+        "head",
+        "pending",
+        "skip_before",
+        "start",
+        "start_hash",
+        "wanted",
+        "writer",
+    )
+
+    def __init__(self, writer: str, start: Start | None, skip_before: bool) -> None:
+        self.writer = writer
+        self.start = start.seq if start else 0
+        self.expected = self.start + 1
+        self.head = self.start_hash = start.hash if start else GENESIS
+        self.pending: list[tuple[object, ...]] = []
+        self.first: Sequence[Any] = ()
+        self.hasher: Any = None
+        self.brk: list[Any] | None = None  # [kind, position, seq, time, detail]
+        self.gap: tuple[int, int] | None = None  # missing seqs [lo, hi) awaiting classification
+        self.skip_before = skip_before
+        self.wanted: dict[int, str | None] = {}
+
+
+@dataclass
+class Walker:
+    """Feed pages of raw rows (position, then `SQL_COLUMNS`) in storage order; `finish` reports."""
+
+    starts: dict[str, Start] = field(default_factory=dict)
+    skip_before_start: bool = False
+    """True for ``--since``: records at or before a chain's start are not checked."""
+    report: StreamReport = field(default_factory=StreamReport)
+    cut_before: str | None = None
+    """If set, `cuts` keeps each chain's newest verified batch end with an event time before this
+    (what ``audit prune`` cuts at)."""
+    cuts: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    """writer -> (seq, hash, time) of that batch end."""
+    _chains: dict[str, _Chain] = field(default_factory=dict)
+
+    def chain(self, writer: str) -> _Chain:
+        c = self._chains.get(writer)
+        if c is None:
+            c = self._chains[writer] = _Chain(writer, self.starts.get(writer), self.skip_before_start)
+        return c
+
+    def feed(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        chains = self._chains
+        empty = _EMPTY
+        for row in rows:
+            writer = row[12]
+            c = chains.get(writer)
+            if c is None:
+                c = self.chain(writer)
+            seq = row[13]
+            if c.brk is not None:
+                gap = c.gap
+                if gap is not None and gap[0] <= seq < gap[1]:
+                    c.brk[0], c.brk[4] = "reordered", f"record seq {c.brk[2]} is stored before seq {gap[0]}"
+                    c.gap = None
+                continue
+            if seq != c.expected:
+                self._out_of_order(c, row)
+                continue
+            c.expected = seq + 1
+            pending = c.pending
+            if not pending:
+                c.first = row
+            link = row[15]
+            if link:
+                pending.append(row[1:14] + empty)
+                self._close(c, row)
+            else:
+                pending.append(row[1:])
+                if len(pending) >= MAX_PENDING:
+                    self._spill(c)
+        self.report.records += len(rows)
+
+    def _spill(self, c: _Chain) -> None:
+        """Hash the open batch's rows so far incrementally (seeded with the chain's head)."""
+        text = ", ".join(map(repr, c.pending))
+        if c.hasher is None:
+            c.hasher = hashlib.sha256((c.head + "[").encode("utf-8", "surrogatepass"))
+        else:
+            text = ", " + text
+        c.hasher.update(text.encode("utf-8", "surrogatepass"))
+        c.pending = []
+
+    def _close(self, c: _Chain, row: tuple[Any, ...]) -> None:
+        """The batch's last record (`row`) carries its link: check content, then the link."""
+        prev, link, seq = row[14], row[15], row[13]
+        problem = None
+        if c.hasher is not None:  # a long batch, hashed incrementally from the expected head
+            c.hasher.update((", " + repr(c.pending)[1:]).encode("utf-8", "surrogatepass"))
+            if prev != c.head:
+                problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
+            elif c.hasher.hexdigest() != link:
+                problem = "altered", f"records seq {c.first[13]}..{seq}: their fields do not match their batch's hash"
+            c.hasher = None
+        else:
+            digest = hashlib.sha256((prev + repr(c.pending)).encode("utf-8", "surrogatepass")).hexdigest()
+            if digest != link and not (len(c.pending) == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
+                span = f"seq {c.first[13]}..{seq}" if len(c.pending) > 1 else f"seq {seq}"
+                problem = "altered", f"records {span}: their fields do not match their batch's hash"
+            elif prev != c.head:
+                problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
+        c.pending = []
+        if problem is not None:
+            first = c.first
+            c.brk = [problem[0], first[0], first[13], first[1], problem[1]]
+            return
+        c.head = link
+        if self.cut_before is not None and row[1] < self.cut_before:
+            self.cuts[c.writer] = (seq, link, row[1])
+        if c.wanted and seq in c.wanted:
+            c.wanted[seq] = link
+
+    def _out_of_order(self, c: _Chain, row: tuple[Any, ...]) -> None:
+        seq = row[13]
+        if seq < c.expected:
+            if seq <= c.start:
+                if c.skip_before:
+                    self.report.records -= 1  # before the trusted start of a --since run: not checked
+                    return
+                detail = (
+                    f"record seq {seq} is at or before the chain's prune cut (seq {c.start}): "
+                    "it was put back after the prune, or a prune was interrupted (run audit prune again)"
+                )
+            else:
+                detail = f"record seq {seq} appears twice"
+            c.brk = ["inserted", row[0], seq, row[1], detail]
+            return
+        lo = c.expected
+        c.gap = (lo, seq)
+        what = f"record seq {lo} is missing" if seq - lo == 1 else f"records seq {lo}..{seq - 1} are missing"
+        if lo == c.start + 1 and c.start:
+            what += f" (after the chain's trusted start at seq {c.start}; not removed by a prune)"
+        c.brk = ["deleted", row[0], seq, row[1], f"{what} (before seq {seq})"]
+
+    def broken(self) -> list[Break]:
+        """The breaks found so far (chains whose walk stopped), without closing the walk."""
+        chains = [c for c in self._chains.values() if c.brk]
+        return [Break(c.brk[0], c.writer, c.brk[1], c.brk[2], c.brk[3], c.brk[4]) for c in chains]  # type: ignore[index]
+
+    def start_of(self, writer: str) -> int:
+        """The seq a chain's walk started after (0: genesis)."""
+        start = self.starts.get(writer)
+        return start.seq if start else 0
+
+    def expect_head(self, writer: str, seq: int) -> None:
+        """Remember the hash of record `seq` of `writer` if it is reached (a checkpointed head)."""
+        self.chain(writer).wanted.setdefault(seq, None)
+
+    def finish(self, heads: Iterable[tuple[dict[str, Any], dict[str, Any]]] = ()) -> StreamReport:
+        """Close every chain; check `heads` ((checkpoint document, head) pairs) against the walk."""
+        report = self.report
+        for c in self._chains.values():
+            if c.brk is not None:
+                report.breaks.append(Break(c.brk[0], c.writer, c.brk[1], c.brk[2], c.brk[3], c.brk[4]))
+            elif c.pending or c.hasher is not None:
+                first, end = c.first, c.expected - 1
+                detail = (
+                    f"records seq {first[13]}..{end} end without their batch's hash: its last records "
+                    "were deleted, or these were added"
+                )
+                report.breaks.append(Break("truncated", c.writer, first[0], first[13], first[1], detail))
+                c.brk = ["truncated"]
+        report.chains = sum(1 for c in self._chains.values() if c.expected > c.start + 1 or c.brk is not None)
+        for doc, head in heads:
+            report.checkpoints_checked += 1
+            writer, seq, want = str(head["writer"]), int(head["seq"]), str(head["hash"])
+            found = self._chains.get(writer)
+            if found is None or found.brk is not None:
+                continue
+            c = found
+            if seq < c.start:
+                continue  # before the chain's start (pruned, or before --since): nothing to compare
+            have = c.start_hash if seq == c.start else c.wanted.get(seq)
+            if have is None:
+                report.breaks.append(
+                    Break(
+                        "truncated",
+                        writer,
+                        0,
+                        seq,
+                        head.get("time"),
+                        f"checkpoint of {doc.get('time')} saw seq {seq}; the store ends at seq {c.expected - 1} "
+                        "(a cut-off tail)",
+                    )
+                )
+            elif have != want:
+                report.breaks.append(
+                    Break(
+                        "altered",
+                        writer,
+                        0,
+                        seq,
+                        head.get("time"),
+                        f"the record at seq {seq} differs from the checkpoint of {doc.get('time')} (chain rewritten)",
+                    )
+                )
+        return report
+
+
+def prune_starts(docs: Iterable[dict[str, Any]]) -> tuple[dict[str, Start], str | None]:
+    """Every chain's cut from the prune checkpoints in `docs` (the highest seq per chain), and the
+    newest prune's ``before`` time."""
+    starts: dict[str, Start] = {}
+    before: str | None = None
+    for doc in docs:
+        if doc.get("kind") != PRUNE:
+            continue
+        before = max(before or "", str(doc.get("before") or "")) or None
+        for cut in doc.get("cuts", []):
+            writer, seq = str(cut["writer"]), int(cut["seq"])
+            if writer not in starts or seq > starts[writer].seq:
+                starts[writer] = Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)
+    return starts, before
+
+
+def pick_since(docs: Sequence[dict[str, Any]], since: str) -> dict[str, Any]:
+    """The checkpoint to start from: the newest one written at or before `since` (an event time
+    string), or the newest of all for ``last`` (``audit checkpoint`` documents; a prune's cuts
+    are the start of the chains it cut in any case).
+
+    Raises:
+        ConfigError: no checkpoint qualifies.
+    """
+    dated = [d for d in docs if isinstance(d.get("time"), str) and d.get("kind") != PRUNE and d.get("heads")]
+    if since != "last":
+        dated = [d for d in dated if d["time"] <= since]
+    if not dated:
+        raise ConfigError(
+            f"no checkpoint {'' if since == 'last' else f'at or before {since} '}for this store: "
+            "run `mrtr-keys audit checkpoint` first (or verify without --since)"
+        )
+    return max(dated, key=lambda d: d["time"])
+
+
+def verify_store(
+    store: Any,
+    docs: Sequence[dict[str, Any]],
+    *,
+    since: str | None = None,
+    progress: Progress | None = None,
+    page: int = PAGE,
+) -> StreamReport:
+    """Walk every chain of `store` (an `AuditStore`) in bounded pages and check the checkpoints
+    `docs` (this store's documents, file order). `since`: an event time string or ``last``: start
+    from that checkpoint (`pick_since`) instead of genesis. Prune checkpoints always set the start
+    of the chains they cut.
+
+    Raises:
+        ConfigError: `since` names no checkpoint; AuditError: the store cannot be read.
+    """
+    started = time.monotonic()
+    starts, pruned_before = prune_starts(docs)
+    walker = Walker(skip_before_start=since is not None)
+    walker.report.pruned_before = pruned_before
+    after = 0
+    missing: list[tuple[str, int, Any]] = []
+    heads_docs = [d for d in docs if d.get("kind") != PRUNE]
+    if since is not None:
+        doc = pick_since(docs, since)
+        walker.report.since = str(doc["time"])
+        positions: list[int] = []
+        for cut in doc.get("cuts", []):  # a prune's cuts: deleted rows, nothing to look up
+            writer, seq = str(cut["writer"]), int(cut["seq"])
+            if writer not in starts or starts[writer].seq < seq:
+                starts[writer] = Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)
+        for head in doc.get("heads", []):
+            writer, seq = str(head["writer"]), int(head["seq"])
+            if writer in starts and starts[writer].seq >= seq:
+                continue  # pruned since: the prune's cut is the later start
+            starts[writer] = Start(writer, seq, str(head["hash"]), head.get("time"), "checkpoint")
+            found = store.position_of(writer, seq, str(head.get("time")))
+            if found is None:
+                missing.append((writer, seq, head.get("time")))
+            else:
+                positions.append(found)
+        after = min(positions) - 1 if positions else 0
+        heads_docs = [d for d in heads_docs if str(d.get("time")) >= str(doc["time"])]
+    walker.starts = starts
+    for writer, seq, when in missing:
+        walker.chain(writer).brk = [
+            "truncated",
+            0,
+            seq,
+            when,
+            f"the head of the checkpoint --since picked (seq {seq}) is not in the store as recorded",
+        ]
+    pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
+    for _, head in pairs:
+        walker.expect_head(str(head["writer"]), int(head["seq"]))
+    for rows in store.row_batches(after, page):
+        walker.feed(rows)
+        del rows  # not alive while the next page is fetched: one page at a time
+        if progress is not None:
+            progress(walker.report.records, time.monotonic() - started)
+    report = walker.finish(pairs)
+    report.seconds = time.monotonic() - started
+    return report

@@ -1,0 +1,85 @@
+"""`mrtr-keys audit prune --before 30d`: delete old events, keeping the proof (`mrtr_keys.audit.prune`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _keystore, _open
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
+from mrtr_keys.errors import ConfigError
+
+GATE_MARGIN = 60.0
+"""Seconds past the ring's TTL the retire gate may look back (docs/audit.md, Rotation gates)."""
+
+
+def prune(
+    before: Annotated[
+        str, typer.Option("--before", help="Delete events older than this: 30d, 12w, or ISO 8601 (required).")
+    ],
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    to: Annotated[
+        Path | None,
+        typer.Option(
+            "--to",
+            envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
+            help="Checkpoint file to record the cut in (and read earlier cuts from) "
+            "[default: audit-checkpoints.jsonl in the state directory].",
+        ),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Delete events older than --before, chain by chain at batch boundaries, after verifying them and
+    recording each chain's cut in the checkpoint file (`audit verify` then starts there)."""
+    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.events import format_ts, parse_when
+    from mrtr_keys.audit.prune import prune as prune_store
+    from mrtr_keys.cli.output import print_json, print_line
+
+    cutoff = parse_when(before)
+    _refuse_inside_gate_window(cutoff, keystore_)
+    store = _open(audit, keystore_)
+    path = to or _default_checkpoints(keystore_)
+    docs = [d for d in read_checkpoints(path) if d.get("store") in (None, store.url)]
+    last = [0.0]
+
+    def progress(phase: str, records: int, elapsed: float) -> None:
+        if elapsed >= 2.0 and elapsed - last[0] >= 10.0:
+            last[0] = elapsed
+            sys.stderr.write(f"mrtr-keys: prune: {phase} {records:,} records in {elapsed:.0f} s\n")
+            sys.stderr.flush()
+
+    try:
+        result = prune_store(store, cutoff, docs, str(path), progress=progress)
+    finally:
+        store.close()
+    if json_:
+        print_json(result.to_json())
+    elif not result.cuts and not result.deleted:
+        print_line(f"nothing to prune: no complete batch before {cutoff}")
+    else:
+        print_line(
+            f"pruned {result.deleted} record(s) before {cutoff} from {len(result.cuts)} chain(s) in "
+            f"{result.seconds:.1f} s; cut recorded in {result.checkpoint} at {format_ts(time.time())}"
+        )
+
+
+def _refuse_inside_gate_window(cutoff: str, keystore_: str | None) -> None:
+    """The retire gate reads the last TTL of seal events: never prune inside the ring's TTL + 60 s."""
+    from mrtr_keys.audit.events import format_ts
+
+    try:
+        ring = _keystore(keystore_).load()
+    except Exception:  # no ring here (a store named by --audit alone): no gate reads this log
+        return
+    oldest = format_ts(time.time() - ring.ttl_seconds - GATE_MARGIN)
+    if cutoff > oldest:
+        raise ConfigError(
+            f"--before {cutoff} is inside the window the rotation gates read (the ring's TTL, "
+            f"{ring.ttl_seconds:g} s, plus {GATE_MARGIN:g} s): choose a time before {oldest}"
+        )

@@ -1,0 +1,103 @@
+"""`mrtr-keys audit verify`: walk every chain in bounded pages (`mrtr_keys.audit.verify_stream`).
+
+From genesis, or from each chain's prune cut (``audit prune``), or with ``--since`` from a checkpoint
+forward. Progress goes to stderr on runs longer than a few seconds; ``--json`` prints a summary.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
+from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
+
+PROGRESS_AFTER = 2.0
+"""Seconds of verifying before progress lines start (short runs print none)."""
+QUIET_EVERY = 10.0
+"""Seconds between progress lines when stderr is not a terminal (a terminal's line is redrawn)."""
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, records: int, elapsed: float) -> None:
+        if elapsed < PROGRESS_AFTER or (not self._tty and elapsed - self._last < QUIET_EVERY):
+            return
+        self._last = elapsed
+        line = f"mrtr-keys: verifying: {records:,} records in {elapsed:.0f} s ({records / elapsed:,.0f}/s)"
+        sys.stderr.write(f"\r{line}\x1b[K" if self._tty else line + "\n")
+        sys.stderr.flush()
+        self._shown = True
+
+    def done(self) -> None:
+        if self._shown and self._tty:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def verify(
+    keystore_: KeystoreOpt = None,
+    audit: AuditOpt = None,
+    checkpoints: Annotated[
+        Path | None,
+        typer.Option("--checkpoints", help="Checkpoint file to check heads against [default: the checkpoint default]."),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Start from a checkpoint instead of genesis: `last`, a checkpoint's time, or a time "
+            "(1d, ISO 8601; the newest checkpoint written at or before it). Its heads are trusted.",
+        ),
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break.
+
+    Reads the store in bounded pages (memory does not grow with the log). After `audit prune`, each
+    chain starts from the prune's recorded cut."""
+    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.events import parse_when
+    from mrtr_keys.audit.verify_stream import verify_store
+    from mrtr_keys.cli.output import print_json, print_line
+
+    store = _open(audit, keystore_)
+    cp_path = checkpoints or _default_checkpoints(keystore_)
+    docs = [d for d in read_checkpoints(cp_path) if d.get("store") in (None, store.url)]
+    start = None if since is None else "last" if since.strip() == "last" else parse_when(since)
+    progress = _Progress()
+    try:
+        report = verify_store(store, docs, since=start, progress=progress)
+    finally:
+        progress.done()
+        store.close()
+    if json_:
+        print_json(report.to_json())
+    else:
+        first = report.first
+        origin = f" from the checkpoint of {report.since}" if report.since else ""
+        if report.pruned_before:
+            origin += f" (pruned before {report.pruned_before})"
+        if first is None:
+            print_line(
+                f"ok: {report.records} records in {report.chains} chain(s) verified{origin}; "
+                f"{report.checkpoints_checked} checkpointed head(s) present"
+            )
+        else:
+            where = f"position {first.position}" if first.position else "end of chain"
+            print_line(
+                f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
+                f"time {first.time}): {first.detail}"
+            )
+            for b in report.breaks:
+                if b is not first:
+                    print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
+    if not report.ok:
+        raise typer.Exit(1)
