@@ -133,13 +133,15 @@ class DirectWriter:
         return True
 
     def probe(self) -> bool:
-        """Read the store now; True if it answered (then the error is cleared unless events wait)."""
+        """Read the store now; True if it answered. The error is cleared only when nothing waits to be
+        written: no ring-loaded event, no failed append still to settle (a store that answers reads
+        may still refuse writes, e.g. SQLite in WAL mode under another writer's lock)."""
         try:
             self.store.count()
         except Exception as exc:
             self.error = str(exc)
             return False
-        if not self.unrecorded:
+        if not self.unrecorded and self._doubt is None:
             self.error = None
         return True
 
