@@ -293,35 +293,29 @@ def verify(records: Iterable[Record], checkpoints: Iterable[dict[str, Any]] = ()
     for doc in checkpoints:
         for head in doc.get("heads", []):
             report.checkpoints_checked += 1
-            writer, seq, want = str(head["writer"]), int(head["seq"]), str(head["hash"])
+            writer, seq = str(head["writer"]), int(head["seq"])
             walk = walks.get(writer)
             if any(b.writer == writer for b in report.breaks):
                 continue
             have = walk.hashes.get(seq) if walk else None
-            if have is None:
-                last = (walk.expected - 1) if walk else 0
-                report.breaks.append(
-                    Break(
-                        "truncated",
-                        writer,
-                        0,
-                        seq,
-                        head.get("time"),
-                        f"checkpoint of {doc.get('time')} saw seq {seq}; the store ends at seq {last} (a cut-off tail)",
-                    )
-                )
-            elif have != want:
-                report.breaks.append(
-                    Break(
-                        "altered",
-                        writer,
-                        0,
-                        seq,
-                        head.get("time"),
-                        f"the record at seq {seq} differs from the checkpoint of {doc.get('time')} (chain rewritten)",
-                    )
-                )
+            found = checkpoint_break(doc, head, have, last=(walk.expected - 1) if walk else 0)
+            if found is not None:
+                report.breaks.append(found)
     return report
+
+
+def checkpoint_break(doc: dict[str, Any], head: dict[str, Any], have: str | None, *, last: int) -> Break | None:
+    """What one checkpoint `head` (of checkpoint document `doc`) says of the chain as stored: ``truncated``
+    when the store has no record at the head's seq (`have` is None; the chain ends at seq `last`),
+    ``altered`` when that record's batch hash `have` differs from the head's, else None."""
+    writer, seq, want = str(head["writer"]), int(head["seq"]), str(head["hash"])
+    if have is None:
+        detail = f"checkpoint of {doc.get('time')} saw seq {seq}; the store ends at seq {last} (a cut-off tail)"
+        return Break("truncated", writer, 0, seq, head.get("time"), detail)
+    if have != want:
+        detail = f"the record at seq {seq} differs from the checkpoint of {doc.get('time')} (chain rewritten)"
+        return Break("altered", writer, 0, seq, head.get("time"), detail)
+    return None
 
 
 def _check(r: Record, w: _Walk, all_seqs: set[int]) -> tuple[str, str] | None:

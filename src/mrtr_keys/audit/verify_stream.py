@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, hash_values
+from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, checkpoint_break, hash_values
 from mrtr_keys.errors import ConfigError
 
 PAGE = 20_000
@@ -253,7 +253,7 @@ class Walker:
         report.chains = sum(1 for c in self._chains.values() if c.expected > c.start + 1 or c.brk is not None)
         for doc, head in heads:
             report.checkpoints_checked += 1
-            writer, seq, want = str(head["writer"]), int(head["seq"]), str(head["hash"])
+            writer, seq = str(head["writer"]), int(head["seq"])
             found = self._chains.get(writer)
             if found is None or found.brk is not None:
                 continue
@@ -261,29 +261,9 @@ class Walker:
             if seq < c.start:
                 continue  # before the chain's start (pruned, or before --since): nothing to compare
             have = c.start_hash if seq == c.start else c.wanted.get(seq)
-            if have is None:
-                report.breaks.append(
-                    Break(
-                        "truncated",
-                        writer,
-                        0,
-                        seq,
-                        head.get("time"),
-                        f"checkpoint of {doc.get('time')} saw seq {seq}; the store ends at seq {c.expected - 1} "
-                        "(a cut-off tail)",
-                    )
-                )
-            elif have != want:
-                report.breaks.append(
-                    Break(
-                        "altered",
-                        writer,
-                        0,
-                        seq,
-                        head.get("time"),
-                        f"the record at seq {seq} differs from the checkpoint of {doc.get('time')} (chain rewritten)",
-                    )
-                )
+            found_break = checkpoint_break(doc, head, have, last=c.expected - 1)
+            if found_break is not None:
+                report.breaks.append(found_break)
         return report
 
 
