@@ -15,25 +15,9 @@ from pathlib import Path
 import pytest
 from bench.audit_log import fill
 
-from tests.fixtures.audit import cli
+from tests.fixtures.audit import cli, pg_exec, sqlite_exec
 
 EVENTS = 12_000
-
-
-def _sqlite_exec(url: str, *sql: str) -> None:
-    conn = sqlite3.connect(url.removeprefix("sqlite://"))
-    with conn:
-        for s in sql:
-            conn.execute(s)
-    conn.close()
-
-
-def _pg_exec(url: str, *sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in sql:
-            conn.execute(s)
 
 
 def _nth(n: int) -> str:
@@ -64,8 +48,8 @@ TAMPER = {
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[..., None]]:
     """(URL, execute) of an empty SQLite or PostgreSQL store."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/audit.db", _sqlite_exec
-    return request.getfixturevalue("postgres_url"), _pg_exec
+        return f"sqlite://{tmp_path}/audit.db", sqlite_exec
+    return request.getfixturevalue("postgres_url"), pg_exec
 
 
 def _verify(url: str, cps: Path, *extra: str) -> dict[str, object]:
@@ -136,7 +120,7 @@ def test_after_a_prune_deleting_older_kept_rows_by_hand_is_caught(
 def test_prune_refuses_a_broken_log_and_deletes_nothing(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     fill(url, EVENTS, tx=500)
-    _sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
+    sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
     res = cli("audit", "prune", "--before", "30d", "--audit", url, "--to", str(tmp_path / "cp.jsonl"))
     assert res.code != 0 and "not pruning" in res.err and "altered" in res.err
     assert len(res.err.strip().splitlines()) == 1
@@ -160,12 +144,12 @@ def test_verify_since_a_checkpoint_starts_at_its_heads(tmp_path: Path) -> None:
     assert cli("audit", "checkpoint", "--audit", url, "--to", str(cps)).code == 0
     fill(url, 2_000, tx=500, host="later-host", span=86_400, start=1_700_300_000.0)
     # an edit before the checkpoint: a full verify sees it, a verify since the checkpoint does not look there
-    _sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
+    sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
     assert _verify(url, cps)["ok"] is False
     doc = _verify(url, cps, "--since", "last")
     assert doc["ok"] and doc["since"] and doc["records"] == 2_000 and doc["checkpoints_checked"] == 3
     # an edit after it is caught
-    _sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(4_000)}")
+    sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(4_000)}")
     doc = _verify(url, cps, "--since", "last")
     assert doc["first_break"]["kind"] == "altered"  # type: ignore[index]
     # no checkpoint that early: one line, exit 2

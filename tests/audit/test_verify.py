@@ -7,7 +7,6 @@ a deletion, insertion or move shows at the record whose seq reveals it.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,24 +16,7 @@ from mrtr_keys.audit.chain import make_checkpoint, verify
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.audit.verify_stream import verify_store
-from tests.fixtures.audit import insert, known_events
-
-
-def _sqlite_exec(url: str, *sql: str) -> None:
-    conn = sqlite3.connect(url.removeprefix("sqlite://"))
-    with conn:
-        for s in sql:
-            conn.execute(s)
-    conn.close()
-
-
-def _pg_exec(url: str, *sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        for s in sql:
-            conn.execute(s)
-
+from tests.fixtures.audit import insert, known_events, pg_exec, sqlite_exec
 
 TAMPER = {
     "deleted": ("DELETE FROM audit_events WHERE seq = 3",),
@@ -82,12 +64,12 @@ def _check(url: str, kind: str, execute: Callable[..., None], make_sink: Callabl
 
 @pytest.mark.parametrize("kind", ["deleted", "altered", "inserted", "reordered"])
 def test_sqlite_verify_detects(kind: str, tmp_path: Path, make_sink: Callable[..., AuditSink]) -> None:
-    _check(f"sqlite://{tmp_path}/audit.db", kind, _sqlite_exec, make_sink)
+    _check(f"sqlite://{tmp_path}/audit.db", kind, sqlite_exec, make_sink)
 
 
 @pytest.mark.parametrize("kind", ["deleted", "altered", "inserted", "reordered"])
 def test_postgres_verify_detects(kind: str, postgres_url: str, make_sink: Callable[..., AuditSink]) -> None:
-    _check(postgres_url, kind, _pg_exec, make_sink)
+    _check(postgres_url, kind, pg_exec, make_sink)
 
 
 def test_jsonl_reordered_lines_are_detected(tmp_path: Path, make_sink: Callable[..., AuditSink]) -> None:
@@ -111,9 +93,9 @@ def test_a_cut_tail_is_invisible_to_the_chain_but_caught_by_a_checkpoint(
     insert(sink, known_events(6)[4:])  # a second batch: seq 5 and 6
     store = open_store(url)
     cp = make_checkpoint(store.records(), store_url=store.url, now=0.0)
-    _sqlite_exec(url, "DELETE FROM audit_events WHERE seq = 6")  # part of a batch: the chain shows it
+    sqlite_exec(url, "DELETE FROM audit_events WHERE seq = 6")  # part of a batch: the chain shows it
     assert verify(store.records()).first.kind == "truncated"  # type: ignore[union-attr]
-    _sqlite_exec(url, "DELETE FROM audit_events WHERE seq >= 5")  # whole batches: it cannot
+    sqlite_exec(url, "DELETE FROM audit_events WHERE seq >= 5")  # whole batches: it cannot
     assert verify(store.records()).ok  # documented limit of a chain alone
     report = verify(store.records(), [json.loads(json.dumps(cp))])
     assert report.first is not None and report.first.kind == "truncated"
