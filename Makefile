@@ -21,9 +21,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
-# the suite mostly waits on subprocess servers and gates: four workers keep both cores busy (worksteal
-# rebalances when a worker runs dry; tests/conftest.py starts the longest tests first)
-WORKERS ?= 4
+# the suite mostly waits on subprocess servers and gates: six workers keep both cores busy (worksteal
+# rebalances when a worker runs dry; tests/conftest.py starts the longest tests first). The CLI, sidecars and
+# example servers the tests start are forked from one pre-imported interpreter per worker
+# (tests/support/zygote.py): the same code in its own process, without paying the imports each time.
+WORKERS ?= 6
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist worksteal
 

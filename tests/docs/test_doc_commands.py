@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.doc_blocks import REPO, Page, pages
+from tests.support import zygote
 from tests.support.net import IN_USE, free_port
 
 pytestmark = pytest.mark.e2e
@@ -69,6 +70,10 @@ def _base_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MRTR_KEYS_", "PYTEST_", "BAO_", "VAULT_"))}
     venv_bin = REPO / ".venv" / "bin"
     env["PATH"] = f"{venv_bin}:{env.get('PATH', '/usr/bin:/bin')}"
+    shims = zygote.shim_dir()  # `mrtr-keys` forked from a pre-imported interpreter (tests/support/zygote.py)
+    if shims is not None:
+        env["PATH"] = f"{shims}:{env['PATH']}"
+        env[zygote.SOCKET_VAR] = zygote.Zygote.get().path  # type: ignore[union-attr]
     env["HOME"] = str(home)
     env["VIRTUAL_ENV"] = str(REPO / ".venv")
     return env

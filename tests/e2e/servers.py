@@ -31,6 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ElicitResult, InputRequiredResult, TextContent
 
 from mrtr_keys.example.app import QUESTION_KEY, TOOL_NAME
+from tests.support import zygote
 from tests.support.net import IN_USE, free_port, stop_process
 
 RING_KEY: tuple[str, ...] = ("--codec-from-ring",)
@@ -121,7 +122,9 @@ class ServerPool:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{instance}-{port}.log"
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            proc = zygote.popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd) or subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
+            )
         return proc, log_path
 
     def _respawn(self, server: ExampleServer) -> bool:

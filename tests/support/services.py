@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support import zygote
 from tests.support.net import launch_on_free_port, stop_process
 
 BIN = Path(sys.executable).parent
@@ -137,8 +138,10 @@ def start_sidecar_process(
         log = workdir / f"sidecar-{port}.log"
         argv = [*MRTR_KEYS, "serve", "--keystore", str(keystore), "--host", "127.0.0.1", "--port", str(port), *args]
         with log.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=workdir)
-        return proc, log
+            proc = zygote.popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=workdir)
+            if proc is None:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=workdir)
+        return proc, log  # type: ignore[return-value]
 
     launched = launch_on_free_port(start, ready=lambda port: _get(f"http://127.0.0.1:{port}{ready_path}") == 200)
     return Service(launched.proc, launched.port, f"http://127.0.0.1:{launched.port}", launched.log)
@@ -146,11 +149,10 @@ def start_sidecar_process(
 
 def add_client_cli(keystore: Path | str, name: str, audience: str, *, env: Mapping[str, str] | None = None) -> str:
     """``mrtr-keys clients add NAME --audience AUDIENCE --json`` for the ring at `keystore`; returns the secret."""
-    out = subprocess.run(
-        [*MRTR_KEYS, "clients", "add", name, "--audience", audience, "--json"],
-        env={**os.environ, **(env or {}), "MRTR_KEYS_KEYSTORE": str(keystore)},
-        capture_output=True,
-        text=True,
-        check=True,
+    args = ["clients", "add", name, "--audience", audience, "--json"]
+    full_env = {**os.environ, **(env or {}), "MRTR_KEYS_KEYSTORE": str(keystore)}
+    out = zygote.run(args, full_env, 60.0) or subprocess.run(
+        [*MRTR_KEYS, *args], env=full_env, capture_output=True, text=True, check=False
     )
+    out.check_returncode()
     return str(json.loads(out.stdout)["secret"])
