@@ -95,7 +95,7 @@ def manifest_chain(
         source = "the store's prune checkpoint"
     else:
         if not names:
-            raise _fail(f"no archive manifests in {dest.uri}")
+            return [], []  # nothing archived yet (and no checkpoint names an archive): the live store alone
         for n in names:
             loaded[n] = _manifest(dest, n)
         named = {str((d.get("previous") or {}).get("manifest")) for d, _ in loaded.values()}
