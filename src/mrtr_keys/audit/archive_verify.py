@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from mrtr_keys.audit.archive import ARCHIVE, FORMAT, last_archive
@@ -144,7 +146,9 @@ def _check_order(name: str, doc: dict[str, Any]) -> None:
         last[seg["writer"]] = seg
 
 
-def _segment_rows(dest: Destination, seg: dict[str, Any], manifest: str, base: int) -> list[tuple[Any, ...]]:
+def _feed_segment(dest: Destination, seg: dict[str, Any], manifest: str, walker: Walker, base: int, page: int) -> int:
+    """Check segment `seg` of `manifest` and feed its records to `walker` `page` at a time (memory:
+    the compressed file and one page); returns how many it held. Raises `_Stop`."""
     name, writer, first = str(seg["file"]), str(seg["writer"]), int(seg["first_seq"])
     data = dest.get(name)
     if data is None:
@@ -156,20 +160,28 @@ def _segment_rows(dest: Destination, seg: dict[str, Any], manifest: str, base: i
             first,
             seg.get("first_time"),
         )
-    try:
-        lines = gzip.decompress(data).splitlines()
-        rows = [(base + i, *json.loads(line)) for i, line in enumerate(lines, 1)]
-    except (OSError, EOFError, zlib.error, ValueError, TypeError):
-        raise _fail(f"segment {name} cannot be read as gzip JSON Lines", writer, first) from None
-    if (
-        len(rows) != seg["records"]
-        or rows[0][13] != first
-        or rows[-1][13] != seg["last_seq"]
-        or rows[-1][15] != seg["hash"]
-        or any(r[12] != writer for r in rows)
-    ):
+    count, last = 0, None
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as lines:
+        while True:
+            try:
+                rows = [(base + count + i, *json.loads(line)) for i, line in enumerate(islice(lines, page), 1)]
+            except (OSError, EOFError, zlib.error, ValueError, TypeError):
+                raise _fail(f"segment {name} cannot be read as gzip JSON Lines", writer, first) from None
+            if not rows:
+                break
+            if (count == 0 and rows[0][13] != first) or any(len(r) != 16 or r[12] != writer for r in rows):
+                raise _fail(f"segment {name} does not hold what manifest {manifest} lists for it", writer, first)
+            walker.feed(rows)
+            broken = walker.broken()
+            if broken:
+                b = broken[0]
+                raise _Stop(Break(b.kind, b.writer, 0, b.seq, b.time, f"in archive segment {name}: {b.detail}"))
+            count += len(rows)
+            last = rows[-1]
+            del rows
+    if last is None or count != seg["records"] or last[13] != seg["last_seq"] or last[15] != seg["hash"]:
         raise _fail(f"segment {name} does not hold what manifest {manifest} lists for it", writer, first)
-    return rows
+    return count
 
 
 def verify_archive(
@@ -196,7 +208,7 @@ def verify_archive(
     for _, head in pairs:
         walker.expect_head(str(head["writer"]), int(head["seq"]))
     try:
-        archived = _walk_archive(dest, docs, walker, report, progress, started)
+        archived = _walk_archive(dest, docs, walker, report, progress, started, page)
         _link(archived, docs, walker)
     except _Stop as stop:
         report.breaks.append(stop.brk)
@@ -219,6 +231,7 @@ def _walk_archive(
     report: ArchiveReport,
     progress: Progress | None,
     started: float,
+    page: int,
 ) -> dict[str, tuple[int, str]]:
     """Feed every archived record to `walker`; returns each chain's last archived head (seq, hash)."""
     chain, _ = manifest_chain(dest, docs)
@@ -248,15 +261,10 @@ def _walk_archive(
                     writer,
                     int(seg["first_seq"]),
                 )
-            rows = _segment_rows(dest, seg, mname, report.records)
-            walker.feed(rows)
-            broken = walker.broken()
-            if broken:
-                b = broken[0]
-                raise _Stop(Break(b.kind, b.writer, 0, b.seq, b.time, f"in archive segment {seg['file']}: {b.detail}"))
+            n = _feed_segment(dest, seg, mname, walker, report.records, page)
             heads[writer] = (int(seg["last_seq"]), str(seg["hash"]))
             report.segments += 1
-            report.archived += len(rows)
+            report.archived += n
             if progress is not None:
                 progress(report.records, time.monotonic() - started)
     return heads
