@@ -166,3 +166,27 @@ def test_retain_days_needs_a_bucket_with_object_lock(s3: Any, tmp_path: Path) ->
     res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", f"s3://{bucket}", "--retain-days", "1",
               "--checkpoints", str(tmp_path / "cps.jsonl"))  # fmt: skip
     assert res.code != 0 and "does not have Object Lock enabled" in res.err and "Traceback" not in res.err, res.err
+
+
+def test_archive_of_a_postgresql_store_verifies(postgres_url: str, tmp_path: Path) -> None:
+    cps, to = tmp_path / "checkpoints.jsonl", tmp_path / "archive"
+    fill(postgres_url, 3_000, tx=100)
+    result = _archive(postgres_url, cps, str(to))
+    assert result["archived"] == result["deleted"] > 500
+    code, out = _verify(postgres_url, cps, str(to))
+    assert code == 0 and out.startswith("ok: 3000 records in 3 chain(s)"), out
+
+
+def test_without_retain_days_the_bucket_default_retention_applies_and_is_named(s3: Any, tmp_path: Path) -> None:
+    bucket = f"audit-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    rule = {"DefaultRetention": {"Mode": "COMPLIANCE", "Days": 1}}
+    s3.put_object_lock_configuration(
+        Bucket=bucket, ObjectLockConfiguration={"ObjectLockEnabled": "Enabled", "Rule": rule}
+    )
+    url = f"sqlite://{tmp_path}/audit.db"
+    fill(url, 1_500, tx=100)
+    result = _archive(url, tmp_path / "cps.jsonl", f"s3://{bucket}")
+    assert result["retention"] == "Object Lock COMPLIANCE, 1 day(s) (the bucket's default retention)"
+    code, out = _verify(url, tmp_path / "cps.jsonl", f"s3://{bucket}")
+    assert code == 0, out
