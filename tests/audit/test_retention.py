@@ -28,7 +28,7 @@ def test_a_run_past_its_deadline_deletes_nothing_and_the_next_one_prunes(tmp_pat
 
 
 def test_the_cutoff_stays_out_of_the_gate_window(tmp_path: Path) -> None:
-    now = time.time()
+    now = float(int(time.time()))  # whole seconds: both sides format the same instant
     loop = Retention("sqlite://x", "90s", tmp_path / "cps.jsonl", lambda: 3_600.0)
     assert loop.cutoff(now) == format_ts(now - 3_660)
     assert Retention("sqlite://x", "30d", tmp_path / "c", lambda: 3_600.0).cutoff(now) == format_ts(now - 30 * 86_400)
