@@ -7,7 +7,11 @@ process (wall time; peak RSS from ``wait4``):
 * ``audit verify --json``: events/s, against the anchor of the same run: a bare read of every row
   (``SELECT`` in pages, no hashing), and its peak RSS; the RSS ratio large/small shows the growth
   (target flat: <= 1.2x);
-* ``audit prune --before 30d`` (a quarter of the events): events deleted/s, then verify again;
+* ``audit prune --before 35d`` (an eighth of the events): events deleted/s;
+* ``audit archive --before 30d`` (the next eighth) to a directory: the export rate (segments and
+  manifest written, from the command's ``write_records_per_second``; target >= 200,000 events/s) and
+  the whole command's rate (verifying walk + export + prune); then ``verify`` and ``verify
+  --from-archive`` (archive and live store as one history) events/s;
 * bytes per event (the store file, indexes included).
 
 Sizes: ``MRTR_KEYS_BENCH_AUDIT_SIZES`` (default ``1000000,5000000``; ``--quick``: 10 000 and 40 000).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,15 +101,44 @@ def run(services: Services, settings: Settings) -> list[Row]:
         rows[-1].note = f"bare read {anchor:,.0f} rows/s; fill {fill_rate:,.0f} events/s; {seconds:.1f} s"
         rows.append(Row(PART, f"audit verify peak RSS, {label}", "MB", peak).decide(peak, "< 200 MB"))
         rows.append(Row(PART, f"bytes per event, {label}", "B", size_mb * 2**20 / n, note=f"{size_mb:.0f} MB"))
-        res, pseconds, ppeak = _cli("audit", "prune", "--before", "30d", "--audit", url, "--to", cps, "--json")
+        res, pseconds, ppeak = _cli("audit", "prune", "--before", "35d", "--audit", url, "--to", cps, "--json")
         deleted = int(res["deleted"])  # type: ignore[call-overload]
         rows.append(
-            Row(PART, f"audit prune --before 30d, {label}", "events/s", deleted / pseconds, note=f"{deleted:,} deleted")
+            Row(PART, f"audit prune --before 35d, {label}", "events/s", deleted / pseconds, note=f"{deleted:,} deleted")
         )
         rows.append(Row(PART, f"audit prune peak RSS, {label}", "MB", ppeak).decide(ppeak, "< 200 MB"))
+        archive_dir = str(directory / "archive")
+        res, aseconds, apeak = _cli(
+            "audit", "archive", "--before", "30d", "--audit", url, "--to", archive_dir, "--checkpoints", cps, "--json"
+        )
+        archived = int(res["archived"])  # type: ignore[call-overload]
+        write_rate = float(res["write_records_per_second"] or 0)  # type: ignore[arg-type]
+        rows.append(
+            Row(PART, f"audit archive export (segments + manifest), {label}", "events/s", write_rate,
+                anchor="bare paged read", ratio=write_rate / anchor).decide(write_rate, ">= 200000 events/s")
+        )  # fmt: skip
+        rows[-1].note = (
+            f"{archived:,} archived in {res['segments']} segments, "
+            f"{int(res['archive_bytes']) / max(archived, 1):.0f} B/event gzip"  # type: ignore[call-overload]
+        )
+        rows.append(
+            Row(PART, f"audit archive --before 30d (walk + export + prune), {label}", "events/s", archived / aseconds,
+                note=f"{aseconds:.1f} s; peak RSS {apeak} MB")
+        )  # fmt: skip
         after, _, _ = _cli("audit", "verify", "--audit", url, "--checkpoints", cps, "--json")
         if not after.get("ok"):
             raise RuntimeError(f"verify after prune failed: {after.get('first_break')}")
+        whole, wseconds, wpeak = _cli(
+            "audit", "verify", "--audit", url, "--checkpoints", cps, "--from-archive", archive_dir, "--json"
+        )
+        if not whole.get("ok"):
+            raise RuntimeError(f"verify --from-archive failed: {whole.get('first_break')}")
+        total = int(whole["records"])  # type: ignore[call-overload]
+        rows.append(
+            Row(PART, f"audit verify --from-archive, {label}", "events/s", total / wseconds,
+                note=f"{total:,} records ({archived:,} archived); peak RSS {wpeak} MB")
+        )  # fmt: skip
+        shutil.rmtree(archive_dir, ignore_errors=True)
         db.unlink()
         for extra in directory.glob("audit.db-*"):
             extra.unlink()

@@ -1,6 +1,7 @@
 """Smoke run of the benchmark's audit_scale part (``python -m bench audit_scale --quick``): a genuine log
-filled, verified, pruned and verified again by the CLI, at two sizes, and every row printed. No timing is
-asserted (the 1 M / 5 M figures are measured by ``make bench``); a failed verify would fail the part."""
+filled, verified, pruned, archived and verified again (also from the archive) by the CLI, at two sizes, and
+every row printed. No timing is asserted (the 1 M / 5 M figures are measured by ``make bench``); a failed
+verify would fail the part."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ def test_audit_scale_part_prints_every_row(tmp_path: Path) -> None:
     proc = run_part("audit_scale", tmp_path)
     rows = [r.split(" | ")[1] for r in proc.stdout.splitlines() if r.startswith("| audit_scale |")]
     for n in ("10,000", "40,000"):
-        for name in ("audit verify", "audit verify peak RSS", "bytes per event", "audit prune --before 30d"):
+        for name in (
+            "audit verify",
+            "audit verify peak RSS",
+            "bytes per event",
+            "audit prune --before 35d",
+            "audit archive export (segments + manifest)",
+            "audit archive --before 30d (walk + export + prune)",
+            "audit verify --from-archive",
+        ):
             assert f"{name}, {n} events" in rows, proc.stdout
     assert "verify RSS growth, 4x the events" in rows
     assert "(part failed)" not in proc.stdout

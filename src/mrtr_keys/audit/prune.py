@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mrtr_keys.audit.chain import append_checkpoint
 from mrtr_keys.audit.events import format_ts
@@ -33,6 +33,16 @@ DELETE_PAGE = 5_000
 """Records deleted per transaction: a short write lock (SQLite) or a short transaction (PostgreSQL)."""
 Progress = Callable[[str, int, float], None]
 """``progress(phase, records, seconds)``: phase ``verify`` or ``delete``."""
+
+
+class ArchiveTap(Protocol):
+    """What `prune` hands the records it is about to delete to (`mrtr_keys.audit.archive.Archiver`)."""
+
+    def page(self, rows: Sequence[tuple[Any, ...]], walker: Walker) -> None:
+        """One page of raw rows just fed to `walker` (its ``cuts`` say how far each chain is cut)."""
+
+    def seal(self, cuts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Finish the archive up to `cuts` (writer, seq, hash, time); what to record in the checkpoint."""
 
 
 @dataclass
@@ -66,11 +76,14 @@ def prune(
     now: float | None = None,
     page: int = PAGE,
     progress: Progress | None = None,
+    archive: ArchiveTap | None = None,
 ) -> PruneResult:
     """Delete the records of `store` older than `before` (an event time string) chain by chain at
     batch boundaries, after appending the cut to `checkpoint_path` (see the module docstring).
     `docs`: the checkpoint documents already written for this store (earlier prunes set where
-    each chain's walk starts).
+    each chain's walk starts). `archive` (``audit archive``, `mrtr_keys.audit.archive`) is shown
+    every verified page and, before the checkpoint is written, asked to seal what it kept: what it
+    returns goes in the checkpoint as ``"archive"``; if it raises, nothing is written or deleted.
 
     Raises:
         ConfigError: the store cannot be pruned (JSONL); AuditError: a chain before the cut is
@@ -89,8 +102,11 @@ def prune(
     for rows in store.row_batches(0, page):
         if rows[0][0] > high:
             break
-        walker.feed([r for r in rows if r[0] <= high])
-        del rows  # one page alive at a time
+        kept = [r for r in rows if r[0] <= high]
+        walker.feed(kept)
+        if archive is not None:
+            archive.page(kept, walker)
+        del rows, kept  # one page alive at a time
         if progress is not None:
             progress("verify", walker.report.records, time.monotonic() - started)
     result.checked = walker.report.records
@@ -117,6 +133,8 @@ def prune(
             "heads": [],
             "cuts": result.cuts,
         }
+        if archive is not None:
+            doc["archive"] = archive.seal(result.cuts)
         append_checkpoint(checkpoint_path, doc)
         result.checkpoint = str(checkpoint_path)
     result.deleted = _delete(store, limits, high, min(page, DELETE_PAGE), progress, started)

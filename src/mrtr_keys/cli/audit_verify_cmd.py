@@ -14,6 +14,7 @@ import typer
 
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
+from mrtr_keys.errors import ConfigError
 
 PROGRESS_AFTER = 2.0
 """Seconds of verifying before progress lines start (short runs print none)."""
@@ -57,6 +58,14 @@ def verify(
             "(1d, ISO 8601; the newest checkpoint written at or before it). Its heads are trusted.",
         ),
     ] = None,
+    from_archive: Annotated[
+        str | None,
+        typer.Option(
+            "--from-archive",
+            help="Verify the archive (directory or s3://BUCKET/PREFIX, `audit archive`) and the live store "
+            "as one history: manifests, segments, and the link to the store's prune checkpoint.",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break.
@@ -65,16 +74,31 @@ def verify(
     chain starts from the prune's recorded cut."""
     from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import parse_when
-    from mrtr_keys.audit.verify_stream import verify_store
+    from mrtr_keys.audit.verify_stream import StreamReport, verify_store
     from mrtr_keys.cli.output import print_json, print_line
 
+    if from_archive is not None and since is not None:
+        raise ConfigError(
+            "--from-archive and --since cannot be combined (--from-archive starts at the archive's start)"
+        )
+    dest = None
+    if from_archive is not None:
+        from mrtr_keys.audit.archive_dest import open_destination
+
+        dest = open_destination(from_archive)
     store = _open(audit, keystore_)
     cp_path = checkpoints or _default_checkpoints(keystore_)
     docs = [d for d in read_checkpoints(cp_path) if d.get("store") in (None, store.url)]
     start = None if since is None else "last" if since.strip() == "last" else parse_when(since)
     progress = _Progress()
+    report: StreamReport
     try:
-        report = verify_store(store, docs, since=start, progress=progress)
+        if dest is not None:
+            from mrtr_keys.audit.archive_verify import verify_archive
+
+            report = verify_archive(dest, store, docs, progress=progress)
+        else:
+            report = verify_store(store, docs, since=start, progress=progress)
     finally:
         progress.done()
         store.close()
@@ -85,6 +109,12 @@ def verify(
         origin = f" from the checkpoint of {report.since}" if report.since else ""
         if report.pruned_before:
             origin += f" (pruned before {report.pruned_before})"
+        if dest is not None:
+            summary = report.to_json()["archive"]
+            origin += (
+                f", {summary['records']} of them from {summary['segments']} archived segment(s) in "
+                f"{summary['manifests']} manifest(s) at {dest.uri}"
+            )
         if first is None:
             print_line(
                 f"ok: {report.records} records in {report.chains} chain(s) verified{origin}; "
@@ -92,10 +122,13 @@ def verify(
             )
         else:
             where = f"position {first.position}" if first.position else "end of chain"
-            print_line(
-                f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
-                f"time {first.time}): {first.detail}"
-            )
+            if first.kind == "archive":
+                print_line(f"BROKEN: archive: {first.detail}")
+            else:
+                print_line(
+                    f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
+                    f"time {first.time}): {first.detail}"
+                )
             for b in report.breaks:
                 if b is not first:
                     print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")

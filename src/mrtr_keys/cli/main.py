@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli import (
+    audit_archive_cmd,
     audit_cmd,
     audit_prune_cmd,
     audit_verify_cmd,
@@ -49,6 +50,7 @@ app.add_typer(scope_cmd.app, name="audience")
 app.command("inspect")(inspect_cmd.inspect)
 audit_cmd.app.command("verify")(audit_verify_cmd.verify)
 audit_cmd.app.command("prune")(audit_prune_cmd.prune)
+audit_cmd.app.command("archive")(audit_archive_cmd.archive)
 app.add_typer(audit_cmd.app, name="audit")
 
 

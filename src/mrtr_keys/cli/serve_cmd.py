@@ -95,6 +95,18 @@ def serve(
         list[str] | None,
         typer.Option("--single-use-audience", help="Only this audience's unseals are single-use (repeatable)."),
     ] = None,
+    audit_retention: Annotated[
+        str | None,
+        typer.Option(
+            "--audit-retention",
+            help="Prune the audit log by itself, keeping this much (30d, 12w, 36h): a background run every "
+            "--audit-retention-interval, cuts recorded in the checkpoint file as by `audit prune` [default: off].",
+        ),
+    ] = None,
+    audit_retention_interval: Annotated[
+        float | None,
+        typer.Option("--audit-retention-interval", help="Seconds between retention runs [default: 3600]."),
+    ] = None,
     on_replay_store_error: Annotated[
         str | None,
         typer.Option("--on-replay-store-error", help="deny (refuse unseals while the store fails) or allow."),
@@ -130,6 +142,8 @@ def serve(
         instance=instance,
         heartbeat_interval=heartbeat_interval,
         lease=lease,
+        audit_retention=audit_retention,
+        audit_retention_interval=audit_retention_interval,
     )
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)

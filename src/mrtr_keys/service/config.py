@@ -26,6 +26,8 @@ over the file, the file wins over the defaults::
     write_timeout = 10.0                      # seconds a response write may make no progress (else closed)
     audit = "sqlite:///var/lib/mrtr/audit.db"  # else MRTR_KEYS_AUDIT, else audit.db beside the ring; "off"
     strict_audit = false                      # true: a failing audit sink fails the request (503)
+    audit_retention = "30d"                   # prune the audit log by itself, keeping this much (default: off)
+    audit_retention_interval = 3600.0         # seconds between retention runs
     log_format = "json"                       # else --log-format / MRTR_KEYS_LOG_FORMAT, else text
     audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
     replay_store = "redis://127.0.0.1:6379/0" # single-use unseals (docs/single-use.md); or postgresql://...
@@ -110,6 +112,10 @@ class ServiceConfig:
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
     instance: str | None = None
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    audit_retention: str | None = None
+    """Keep this much of the audit log (a duration, ``30d``) and prune the rest by itself
+    (`mrtr_keys.audit.retention`); None: off."""
+    audit_retention_interval: float = 3600.0
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
     None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
@@ -158,6 +164,13 @@ class ServiceConfig:
             raise ConfigError("audit must be a store URL (sqlite:///PATH, postgresql://..., jsonl:///PATH) or off")
         if self.log_format not in (None, "text", "json"):
             raise ConfigError("log_format must be text or json")
+        if self.audit_retention is not None:
+            from mrtr_keys.audit.retention import check_keep
+
+            object.__setattr__(self, "audit_retention", check_keep(self.audit_retention))
+        i = self.audit_retention_interval
+        if not (isinstance(i, int | float) and not isinstance(i, bool) and 0.05 <= i <= 7 * 86400):
+            raise ConfigError("audit_retention_interval must be a number of seconds from 0.05 to 604800")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
         if self.http not in HTTP_CHOICES:

@@ -126,6 +126,10 @@ class SidecarMetrics:
         """Export the ring watcher's last completed check and whether it is stuck (at scrape time)."""
         self.registry.register(_WatcherCollector(watcher))
 
+    def watch_retention(self, retention: Any) -> None:
+        """Export the audit retention loop's last success and records deleted (at scrape time)."""
+        self.registry.register(_RetentionCollector(retention))
+
     def render(self) -> bytes:
         """The text exposition format (``text/plain; version=0.0.4``)."""
         return generate_latest(self.registry)
@@ -193,6 +197,26 @@ class _WatcherCollector(Collector):
             "mrtr_sidecar_ring_watcher_stuck",
             "1 while the ring watcher has completed no keystore check for 3 intervals.",
             value=0.0 if self._watcher.stuck_since() is None else 1.0,
+        )
+
+
+class _RetentionCollector(Collector):
+    """Reads the sidecar's `mrtr_keys.audit.retention.Retention` at scrape time."""
+
+    def __init__(self, retention: Any) -> None:
+        self._retention = retention
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        r = self._retention
+        yield GaugeMetricFamily(
+            "mrtr_sidecar_audit_retention_last_success_timestamp_seconds",
+            "When the audit retention loop last completed a prune (Unix time, seconds; 0: never).",
+            value=float(r.last_success or 0.0),
+        )
+        yield CounterMetricFamily(
+            "mrtr_sidecar_audit_retention_deleted",
+            "Audit records deleted by the retention loop since the sidecar started.",
+            value=float(r.deleted_total),
         )
 
 

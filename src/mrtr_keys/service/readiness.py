@@ -27,6 +27,7 @@ from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
 
 if TYPE_CHECKING:
+    from mrtr_keys.audit.retention import Retention
     from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
     from mrtr_keys.keystores.watch import RingWatcher
@@ -79,6 +80,8 @@ class RingLifecycle:
         self.watcher: RingWatcher | None = None
         """The ring watcher (`mrtr_keys.service.reload.keep_current`; the app's lifespan starts it)."""
         self.presence: Presence | None = None
+        self.retention: Retention | None = None
+        """The audit retention loop (``--audit-retention``; the keeper starts it), or None (off)."""
         self._audit_down_logged: object = None
         self.fence: Fence | None = None
         """The self-fencing lease and unknown-kid look over the watcher (`keep_current` sets it)."""
@@ -199,6 +202,8 @@ class RingLifecycle:
         audit_status = getattr(self.audit, "status", None)
         if detail and audit_status is not None:
             doc["audit"] = audit_status()
+        if self.retention is not None:
+            doc["audit_retention"] = self.retention.status()
         replay = self.replay
         if replay is not None and not await anyio.to_thread.run_sync(replay.ready):
             if ok:

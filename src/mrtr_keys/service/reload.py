@@ -288,13 +288,38 @@ class Keeper:
             presence.add(view)
             watcher.on_switch = presence.beat_soon  # the heartbeat thread writes: a silent store never holds a reload
             core.presence = presence
+            if config.audit_retention:
+                core.retention = sidecar_retention(store.url, state, config)
+                core.metrics.watch_retention(core.retention)
+                core.retention.start()
         watcher.start()
 
     def stop(self) -> None:
         """Stop the watcher and write ``stopped`` (the app's lifespan calls this at shutdown)."""
         self.watcher.stop()
+        if self._core.retention is not None:
+            self._core.retention.stop()
         if self._core.presence is not None:
             self._core.presence.stop()
+
+
+def sidecar_retention(url: str, state: RingState, config: Any) -> Any:
+    """The sidecar's `mrtr_keys.audit.retention.Retention` over the audit store `url`: cuts go to
+    ``MRTR_KEYS_AUDIT_CHECKPOINTS``, else ``audit-checkpoints.jsonl`` in the ring's state directory
+    (where ``audit prune`` and ``audit verify`` look by default)."""
+    import os
+
+    from mrtr_keys.audit.retention import Retention
+
+    env = os.environ.get("MRTR_KEYS_AUDIT_CHECKPOINTS")
+    path = Path(env) if env else state.keystore.directory / "audit-checkpoints.jsonl"
+    return Retention(
+        url,
+        config.audit_retention,
+        path,
+        lambda: state.ring.ttl_seconds,
+        interval=config.audit_retention_interval,
+    )
 
 
 def sidecar_fence(watcher: Any, config: Any, *, loaded_at: float | None = None) -> Any:

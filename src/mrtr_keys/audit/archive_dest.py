@@ -1,0 +1,149 @@
+"""Where ``audit archive`` puts segments and manifests: a directory, or ``s3://BUCKET/PREFIX``
+(`mrtr_keys.audit.archive_s3`).
+
+A destination holds objects by relative name (``segments/RUN/FILE.jsonl.gz``,
+``manifests/RUN.json``). Segments are built in a local staging directory first and published only
+once the whole run is verified and complete (an object-locked bucket could not take a half run back).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.urls import refuse_nul
+
+
+class Destination(Protocol):
+    """An archive location: objects by relative name (``/``-separated)."""
+
+    @property
+    def uri(self) -> str:
+        """The location as the user wrote it (a directory path, or ``s3://BUCKET/PREFIX``)."""
+
+    def staging(self) -> Path:
+        """A new empty local directory to build files in (removed by `cleanup`)."""
+
+    def cleanup(self, staging: Path) -> None:
+        """Remove a directory `staging` returned (whatever is left in it)."""
+
+    def put_file(self, name: str, path: Path) -> None:
+        """Publish the local file `path` as `name` (`path` may be moved).
+
+        Raises:
+            AuditError: it cannot be written.
+        """
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Publish `data` as `name`. Raises AuditError."""
+
+    def get(self, name: str) -> bytes | None:
+        """The bytes of `name`, or None if there is no such object. Raises AuditError."""
+
+    def list(self, prefix: str) -> list[str]:
+        """Names starting with `prefix`, sorted. Raises AuditError."""
+
+    def retention(self) -> str:
+        """What keeps published objects from being changed, in words (for the command's output)."""
+
+
+class DirDestination:
+    """A local directory (created if missing). Files are fsynced and renamed into place."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        refuse_nul(str(root), "the archive directory")
+        self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"{self.root}: not a directory")
+
+    @property
+    def uri(self) -> str:
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"DirDestination({str(self.root)!r})"
+
+    def staging(self) -> Path:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+        except OSError as exc:
+            raise AuditError(f"cannot write the archive directory {self.root}: {exc.strerror}") from None
+
+    def cleanup(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _target(self, name: str) -> Path:
+        target = self.root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def put_file(self, name: str, path: Path) -> None:
+        try:
+            with path.open("rb+") as f:
+                os.fsync(f.fileno())
+            target = self._target(name)
+            os.replace(path, target)
+            _fsync_dir(target.parent)
+        except OSError as exc:
+            raise AuditError(f"cannot write {self.root / name}: {exc.strerror}") from None
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        try:
+            target = self._target(name)
+            tmp = target.with_name(target.name + ".tmp")
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        except OSError as exc:
+            raise AuditError(f"cannot write {self.root / name}: {exc.strerror}") from None
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise AuditError(f"cannot read {self.root / name}: {exc.strerror}") from None
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root / prefix
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def retention(self) -> str:
+        return "a directory: protect it by its owner and permissions, or copy it to locked storage"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_destination(uri: str, *, retain_days: float | None = None, retain_mode: str | None = None) -> Destination:
+    """A directory path or ``s3://BUCKET[/PREFIX]``. `retain_days` / `retain_mode`: S3 Object Lock
+    retention to set on every object written (see `mrtr_keys.audit.archive_s3.S3Destination`).
+
+    Raises:
+        ConfigError: a bad location, or retention asked of a directory.
+    """
+    if uri.startswith("s3://"):
+        from mrtr_keys.audit.archive_s3 import S3Destination
+
+        return S3Destination(uri, retain_days=retain_days, retain_mode=retain_mode)
+    if "://" in uri:
+        raise ConfigError(f"archive location {uri!r}: use a directory path or s3://BUCKET/PREFIX")
+    if retain_days is not None or retain_mode is not None:
+        raise ConfigError("--retain-days and --retain-mode apply to an s3:// archive (Object Lock)")
+    return DirDestination(uri)

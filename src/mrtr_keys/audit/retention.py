@@ -1,0 +1,185 @@
+"""The retention a sidecar applies by itself (``serve --audit-retention 30d``; off by default).
+
+A daemon thread (never the event loop) runs `mrtr_keys.audit.prune.prune` every `interval` seconds
+with the cut-off "now minus `keep`", on its own connection to the audit store, recording each cut in
+the checkpoint file (``audit-checkpoints.jsonl`` in the state directory, or
+``MRTR_KEYS_AUDIT_CHECKPOINTS``) exactly as ``mrtr-keys audit prune`` does, so ``audit verify``
+keeps working. Rules:
+
+* **Never inside the gate window**: the cut-off is at most now minus the ring's TTL minus 60 s (the
+  rotation gates read that far back, docs/audit.md).
+* **A deadline**: the verifying walk of a run stops after `deadline` seconds (the run fails and is
+  tried again at the next interval); once the cut is recorded, the deletion (bounded batches, each
+  a short transaction) runs to its end, so the log is never left half pruned by the deadline.
+* **One pruner per checkpoint file**: an exclusive lock file beside it (another sidecar process on
+  the same host skips its run). With several hosts on one PostgreSQL store, enable it on one.
+* **It says when it last succeeded** (`status`): ``/readyz`` (``audit_retention``) and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mrtr_keys.audit.chain import read_checkpoints
+from mrtr_keys.audit.events import format_ts, parse_when
+from mrtr_keys.errors import ConfigError, MrtrKeysError
+
+log = logging.getLogger("mrtr_keys.audit.retention")
+
+DEFAULT_INTERVAL = 3600.0
+"""Seconds between runs."""
+DEFAULT_DEADLINE = 600.0
+"""Seconds a run's verifying walk may take before the run gives up (tried again next interval)."""
+GATE_MARGIN = 60.0
+"""Seconds past the ring's TTL the retire gate may look back (docs/audit.md, Rotation gates)."""
+
+
+class DeadlineExceeded(MrtrKeysError):
+    """A retention run's verifying walk took longer than its deadline."""
+
+
+def check_keep(keep: str) -> str:
+    """`keep` if it is a duration (``90s``, ``15m``, ``12h``, ``30d``, ``4w``).
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if not isinstance(keep, str) or not keep.strip() or keep.strip()[-1] not in "smhdw":
+        raise ConfigError("audit_retention must be a duration such as 30d, 12w or 36h (or unset: off)")
+    parse_when(keep)  # raises ConfigError on a bad number
+    return keep.strip()
+
+
+class Retention:
+    """Prunes `url`'s audit store every `interval` seconds, keeping the last `keep` (a duration).
+
+    Args:
+        url: the audit store (SQLite or PostgreSQL; a JSON-lines log cannot be pruned: each run fails
+            with that message in `status`).
+        keep: how much to keep (``30d``).
+        checkpoints: the checkpoint file the cuts go to.
+        ttl: callable giving the ring's TTL in seconds now (the gate window).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        keep: str,
+        checkpoints: Path,
+        ttl: Callable[[], float],
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        deadline: float = DEFAULT_DEADLINE,
+    ) -> None:
+        self.url, self.keep, self.checkpoints, self._ttl = url, check_keep(keep), Path(checkpoints), ttl
+        self.interval, self.deadline = interval, deadline
+        self.last_success: float | None = None
+        self.last_attempt: float | None = None
+        self.last_error: str | None = None
+        self.last_deleted = 0
+        self.deleted_total = 0
+        self.runs = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (the first run after one interval)."""
+        self._thread = threading.Thread(target=self._loop, name="mrtr-audit-retention", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to stop (a run in progress stops at its next page) and wait up to `timeout` s."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.run_once()
+
+    def cutoff(self, now: float) -> str:
+        """Now minus `keep`, but never inside the gate window (now minus TTL minus 60 s)."""
+        keep_from = parse_when(self.keep, now=_utc(now))
+        gate = format_ts(now - float(self._ttl()) - GATE_MARGIN)
+        return min(keep_from, gate)
+
+    def run_once(self) -> bool:
+        """One run (what the thread does each interval); True if it succeeded. Never raises."""
+        from mrtr_keys.audit.prune import prune
+        from mrtr_keys.audit.stores.url import open_store
+
+        now = time.time()
+        self.last_attempt = now
+        started = time.monotonic()
+        before = self.cutoff(now)
+        stop = self._stop
+
+        def progress(phase: str, records: int, elapsed: float) -> None:
+            if phase == "verify" and (stop.is_set() or time.monotonic() - started > self.deadline):
+                raise DeadlineExceeded(
+                    f"audit retention: the verifying walk passed its {self.deadline:g} s deadline after "
+                    f"{records:,} records (nothing deleted; tried again in {self.interval:g} s)"
+                )
+
+        lock = self.checkpoints.with_name(self.checkpoints.name + ".lock")
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            return self._failed(f"audit retention: cannot open {lock}: {exc.strerror}")
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                log.info("audit retention: another process is pruning (%s held); skipping this run", lock)
+                return False
+            store: Any = open_store(self.url)
+            try:
+                docs = [d for d in read_checkpoints(self.checkpoints) if d.get("store") in (None, store.url)]
+                result = prune(store, before, docs, str(self.checkpoints), now=now, progress=progress)
+            finally:
+                store.close()
+        except MrtrKeysError as exc:
+            return self._failed(str(exc))
+        except Exception as exc:  # a background loop never dies of one bad run
+            return self._failed(f"audit retention: {type(exc).__name__}: {exc}")
+        finally:
+            os.close(fd)  # releases the lock
+        self.runs += 1
+        self.last_success = time.time()
+        self.last_error = None
+        self.last_deleted = result.deleted
+        self.deleted_total += result.deleted
+        if result.deleted:
+            log.info("audit retention: pruned %d record(s) before %s in %.1f s", result.deleted, before, result.seconds)
+        return True
+
+    def _failed(self, message: str) -> bool:
+        if message != self.last_error:
+            log.warning("%s", message)
+        self.last_error = message
+        return False
+
+    def status(self) -> dict[str, Any]:
+        """``/readyz``'s ``audit_retention``: the setting and when a run last succeeded (UTC text)."""
+        return {
+            "keep": self.keep,
+            "interval_seconds": self.interval,
+            "last_success": None if self.last_success is None else format_ts(self.last_success),
+            "last_attempt": None if self.last_attempt is None else format_ts(self.last_attempt),
+            "last_deleted": self.last_deleted,
+            "error": self.last_error,
+        }
+
+
+def _utc(now: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(now, UTC)

@@ -1,0 +1,82 @@
+"""``serve --audit-retention 30d``: a running sidecar prunes its audit log by itself, in a background
+thread, while requests keep coming; nothing in the kept window is lost, ``audit verify`` passes after,
+and ``/readyz`` and ``/metrics`` say when the last run succeeded. The store starts with 6 000 genuine
+events over the last 40 days (`bench.audit_log.fill`); runs every 0.3 s (``--audit-retention-interval``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.audit_log import fill
+
+from mrtr_keys.audit.events import format_ts
+from tests.fixtures.audit import cli
+
+
+def _count_since(db: Path, since: str) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM audit_events WHERE time >= ?", (since,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_the_sidecar_prunes_by_itself_while_serving_and_keeps_the_window(
+    keystore_path: Path, sidecar_factory: Any, tmp_path: Path
+) -> None:
+    db, cps = tmp_path / "audit.db", tmp_path / "checkpoints.jsonl"
+    url = f"sqlite://{db}"
+    fill(url, 6_000, tx=500)
+    kept_from = format_ts(time.time() - 30 * 86_400 + 600)  # the window every run keeps (runs move it by seconds)
+    kept = _count_since(db, kept_from)
+    env = {"MRTR_KEYS_AUDIT": url, "MRTR_KEYS_AUDIT_CHECKPOINTS": str(cps)}
+    sidecar = sidecar_factory(
+        keystore_path,
+        extra=["--audit-retention", "30d", "--audit-retention-interval", "0.3"],
+        env={**os.environ, **env},
+    )
+    http = sidecar.http(sidecar.add_client("app", ["billing"]))
+    probe = sidecar.http()
+    served = 0
+    deadline = time.monotonic() + 60
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        for _ in range(20):  # traffic continues throughout
+            payload = base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("=")
+            r = http.post("/v1/seal", json={"audience": "billing", "payload": payload})
+            assert r.status_code == 200, r.text
+            assert http.post("/v1/unseal", json={"audience": "billing", "token": r.json()["token"]}).status_code == 200
+            served += 1
+        status = probe.get("/readyz").json().get("audit_retention") or {}
+        if status.get("last_success") and served >= 100 and status.get("last_deleted", 0) == 0:
+            break  # pruned (an earlier run deleted), and a later run found nothing more to delete
+    assert status.get("last_success") and status.get("error") is None, status
+    assert status["keep"] == "30d" and status["interval_seconds"] == 0.3
+    metrics = probe.get("/metrics").text
+    deleted = [ln for ln in metrics.splitlines() if ln.startswith("mrtr_sidecar_audit_retention_deleted_total ")]
+    assert deleted and float(deleted[0].split()[1]) >= 1_000, metrics
+    assert "mrtr_sidecar_audit_retention_last_success_timestamp_seconds " in metrics
+    sidecar.stop()  # the last audit events flushed
+    cut = json.loads(cps.read_text().splitlines()[-1])
+    assert cut["kind"] == "prune" and len(cut["cuts"]) >= 3
+    # nothing lost from the kept window: every kept fill event and every served request's two events
+    assert _count_since(db, kept_from) >= kept + 2 * served
+    res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--json")
+    doc = json.loads(res.out)
+    assert res.code == 0 and doc["ok"] and doc["pruned_before"], res.out + res.err
+
+
+def test_a_bad_retention_setting_is_a_one_line_error(keystore_path: Path) -> None:
+    for args, text in [
+        (["--audit-retention", "soon"], "audit_retention must be a duration such as 30d"),
+        (["--audit-retention", "2026-01-01"], "audit_retention must be a duration such as 30d"),
+        (["--audit-retention", "30d", "--audit-retention-interval", "0"], "audit_retention_interval must be"),
+    ]:
+        res = cli("serve", "--keystore", str(keystore_path), *args)
+        assert res.code == 2 and text in res.err and "Traceback" not in res.err, res.err
