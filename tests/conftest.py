@@ -40,6 +40,7 @@ E2E_MODULES = frozenset(
 LONG_FIRST = (
     "e2e/test_fleet_rotation.py",
     "e2e/test_paused_instance.py",
+    "typescript/test_e2e.py",
     "e2e/test_adopt_sdk.py",
     "docs/test_doc_commands.py",
     "e2e/test_fleet_controls.py",

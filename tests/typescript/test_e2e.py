@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -28,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from tests.fixtures.audit import cli
+from tests.fixtures.common import run_cli
 from tests.fixtures.replay import REDIS_DB, REDIS_HOST, REDIS_PORT
 from tests.fixtures.sidecar import Sidecar, start_sidecar
 from tests.typescript.stack import (
@@ -45,6 +47,8 @@ from tests.typescript.stack import (
 
 pytestmark = pytest.mark.e2e
 DONE = "Provisioned 'orders' in eu-west-1."
+RING_TTL = "5"
+"""The key ring's TTL (seconds), and the TS servers' envelope TTL: rotate next waits promote + TTL + 60 s to retire."""
 
 
 @dataclass
@@ -66,7 +70,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ensure_built()
     root = tmp_path_factory.mktemp("ts-e2e")
     ring = root / "ring" / "keyring.json"
-    assert cli("init", "--audience", "orders", "--audience", "billing", keystore=ring).code == 0
+    # ring TTL 5 s (the servers' envelopes too): the rotation test waits the real retire gate, promote + TTL + 60 s
+    assert cli("init", "--ttl", RING_TTL, "--audience", "orders", "--audience", "billing", keystore=ring).code == 0
     secret = _add_client(ring, "ts-orders", "orders")
     billing_secret = _add_client(ring, "ts-billing", "billing")
     once_secret = _add_client(ring, "ts-once", "orders")
@@ -75,7 +80,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     extra = ("--instance", "ts-e2e-sidecar", "--heartbeat-interval", "0.5")
     extra += ("--replay-store", replay, "--single-use-client", "ts-once")
     sidecar = start_sidecar(ring, workdir=root / "sidecar", reload_interval=0.2, extra=extra)
-    orders = {"MRTR_KEYS_SIDECAR_URL": sidecar.url, "MRTR_KEYS_SIDECAR_SECRET": secret, "MRTR_TS_AUDIENCE": "orders"}
+    orders = {
+        "MRTR_KEYS_SIDECAR_URL": sidecar.url,
+        "MRTR_KEYS_SIDECAR_SECRET": secret,
+        "MRTR_TS_AUDIENCE": "orders",
+        "MRTR_TS_TTL": RING_TTL,
+    }
     proxy: RoundRobinProxy | None = None
     billing = {
         **orders,
@@ -279,35 +289,32 @@ def test_two_rotations_under_continuous_rounds_reject_nothing(stack: Stack, tmp_
             except Exception as exc:
                 py["failed"] += 1
                 errors.append(repr(exc))
+            stop.wait(0.2)  # paced: rounds all through the rotation, without keeping both cores busy
 
-    steps: list[str] = []
+    steps: list[dict[str, Any]] = []
     thread = threading.Thread(target=python_rounds)
-    with ts_client_running(stack.proxy.url, tmp_path / "stop") as ts:
+    with ts_client_running(stack.proxy.url, tmp_path / "stop", "--pace", "100") as ts:
         thread.start()
         try:
             time.sleep(0.5)
             for _ in range(2):
-                for phase in ("begin", "promote", "retire"):
-                    args = ["rotate", "next", "--wait", "30", "--json"]
-                    if phase == "retire":
-                        # The TTL gate (promote + TTL + 60 s) is forced to keep this test short (the gate
-                        # is covered by tests/e2e/test_fleet_rotation.py). The sidecar serves the promote
-                        # already (waited for below); rounds minted under the old key just before it did
-                        # are let finish first.
-                        time.sleep(0.5)
-                        args.append("--force")
-                    res = cli(*args, keystore=stack.ring)  # the console script's run(), in this process
+                for _phase in ("begin", "promote", "retire"):
+                    started = time.monotonic()
+                    # every gate waited for, none forced: retire comes promote + TTL 5 s + 60 s later
+                    res = run_cli("rotate", "next", "--wait", "200", "--json", keystore=stack.ring, timeout=260)
                     assert res.code == 0, res.err
-                    steps.append(res.json()["step"])
+                    steps.append({**res.json(), "seconds": round(time.monotonic() - started, 1)})
                     stack.sidecar.wait_generation(stack.secret, res.json()["generation"])
-                    time.sleep(0.3)
         finally:
             stop.set()
             thread.join(timeout=30)
     kids_after = {k["kid"] for k in http.get("/v1/keys").json()["keys"] if k["state"] != "retired"}
     http.close()
-    print(f"\nrotation: TS client {ts}, Python client {py}")
+    waits = [(s["step"], s["seconds"]) for s in steps]
+    print(f"\nrotation: TS client {ts}, Python client {py}, steps {waits}")
     assert (ts["rejected"], ts["failed"], py["rejected"], py["failed"]) == (0, 0, 0, 0), (ts["errors"], errors)
-    assert steps == ["begin", "promote", "retire"] * 2
+    assert [s["step"] for s in steps] == ["begin", "promote", "retire"] * 2
+    assert all(s.get("reason") is None and not s.get("forced") for s in steps), steps  # nothing forced
+    assert all(w >= 60 for step, w in waits if step == "retire"), waits  # the TTL gate was waited for
     assert ts["rounds"] > 20 and py["rounds"] > 5
     assert not kids_before & kids_after  # two keys later, the first is retired

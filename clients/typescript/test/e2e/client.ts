@@ -3,11 +3,11 @@
  * `@modelcontextprotocol/client` (protocol 2026-07-28; the client fulfils the elicitation and retries
  * with the echoed `requestState`).
  *
- *   node client.js URL [--rounds N] [--concurrency C] [--until FILE] [--header NAME=VALUE]
+ *   node client.js URL [--rounds N] [--concurrency C] [--until FILE] [--pace MS] [--header NAME=VALUE]
  *
  * Runs N rounds (default 1), or until FILE exists; prints one JSON line:
  * `{"rounds":…, "ok":…, "rejected":…, "failed":…, "texts":{text: count}, "errors":[…]}` where `rejected`
- * counts -32602 answers and `failed` any other error.
+ * counts -32602 answers and `failed` any other error. `--pace MS` waits MS milliseconds between a worker's rounds.
  */
 
 import { existsSync } from 'node:fs';
@@ -23,6 +23,7 @@ const option = (name: string): string | undefined => {
 const rounds = Number(option('--rounds') ?? '1');
 const concurrency = Number(option('--concurrency') ?? '1');
 const until = option('--until');
+const pace = Number(option('--pace') ?? '0');
 const header = option('--header');
 const headers: Record<string, string> = {};
 if (header) {
@@ -62,6 +63,7 @@ async function worker(): Promise<void> {
         else summary.failed += 1;
         if (summary.errors.length < 20) summary.errors.push(`${code}: ${(error as Error).message}`);
       }
+      if (pace > 0) await new Promise((resolve) => setTimeout(resolve, pace));
     }
   } finally {
     await client.close();
