@@ -31,7 +31,7 @@ from mrtr_keys.errors import (
     KeystoreUnavailable,
 )
 from mrtr_keys.keystores.remote import RemoteKeystore
-from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
+from mrtr_keys.providers.vault.client import LoginRefused, VaultClient, VaultRefused
 from mrtr_keys.ring.model import KeyRing
 
 FIELD = "keyring"
@@ -179,6 +179,8 @@ class VaultKVKeystore(RemoteKeystore):
                 f"key ring {self.url} is unavailable ({exc}); nothing was changed, retry later"
             ) from None
         assert isinstance(exc, VaultRefused)
+        if isinstance(exc, LoginRefused):
+            raise KeystoreError(f"key ring {self.url}: {exc}") from None
         if exc.status == 403:
             need = "read" if op == "read" else "create and update"
             raise KeystoreError(
