@@ -174,13 +174,13 @@ class VaultKVKeystore(RemoteKeystore):
             self._remember(ring, str(version))
 
     def _fail(self, exc: Exception, op: str, path: str) -> NoReturn:
+        if isinstance(exc, LoginRefused):
+            raise KeystoreError(f"key ring {self.url}: {exc}") from None
         if isinstance(exc, BackendUnavailable):
             raise KeystoreUnavailable(
                 f"key ring {self.url} is unavailable ({exc}); nothing was changed, retry later"
             ) from None
         assert isinstance(exc, VaultRefused)
-        if isinstance(exc, LoginRefused):
-            raise KeystoreError(f"key ring {self.url}: {exc}") from None
         if exc.status == 403:
             need = "read" if op == "read" else "create and update"
             raise KeystoreError(

@@ -23,6 +23,8 @@ Error mapping (one place, `VaultClient.request`):
 
 * transport failure (refused, reset, timeout, TLS) after the retries, or an HTTP
   5xx answer: `BackendUnavailable` (Vault is down, sealed or overloaded);
+* a refused AppRole or Kubernetes login: `LoginRefused`, a `BackendUnavailable` (this
+  instance cannot use Vault; its tokens are not thereby invalid);
 * HTTP 4xx: `VaultRefused`, carrying the status and Vault's error strings (Vault
   never echoes plaintext or key material in them). Callers decide what a refusal
   means: the transit codec turns a refused decrypt into ``InvalidRequestState``.
@@ -72,9 +74,16 @@ class VaultRefused(MrtrKeysError):
         self.errors = errors
 
 
-class LoginRefused(VaultRefused):
+class LoginRefused(BackendUnavailable):
     """Vault refused the AppRole or Kubernetes login itself (wrong role, secret, service account or
-    audience), as opposed to a request the logged-in token may not make."""
+    audience; an expired or unreadable service-account token), as opposed to a request the logged-in
+    token may not make. A `BackendUnavailable`: the instance cannot use Vault, so a token it cannot
+    decrypt is never reported as an invalid token. `status` and `errors` as in `VaultRefused`."""
+
+    def __init__(self, message: str, *, status: int, errors: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errors = errors
 
 
 def _env(env: Mapping[str, str], *names: str) -> str | None:
