@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -111,11 +112,34 @@ def _keep_current(
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
         fence = _fence(codec, store, watcher, presence, interval=interval, lease=lease, loaded_at=loaded_at)
+        fence.on_fenced = getattr(observer, "fenced", None)  # ok events served fenced out carry the reason
+        fence.on_served = fenced_out_counter().inc
         codec.fence = fence  # type: ignore[attr-defined]
     if presence is not None:
         from mrtr_keys.fleet.presence import codec_source
 
         presence.add(codec_source(codec, watcher))
+
+
+_fenced_out: Any = None
+_fenced_out_lock = threading.Lock()
+
+
+def fenced_out_counter() -> Any:
+    """``mrtr_keys_fenced_out_total`` in prometheus-client's default registry (made once): seals and unseals
+    library codecs served on their last good ring after the lease ran out and the keystore check failed
+    (`mrtr_keys.codecs.fence`; the sidecar counts its own in ``mrtr_sidecar_fenced_out_total``)."""
+    global _fenced_out
+    with _fenced_out_lock:
+        if _fenced_out is None:
+            from prometheus_client import Counter
+
+            _fenced_out = Counter(
+                "mrtr_keys_fenced_out",
+                "Seals and unseals served on the last good ring after the self-fencing lease ran out and the "
+                "keystore check failed (mrtr_keys.codecs.fence).",
+            )
+        return _fenced_out
 
 
 def _fence(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
+from prometheus_client import REGISTRY
 
 import mrtr_keys
 from mrtr_keys.backends import Codec
@@ -25,6 +26,7 @@ from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
 from mrtr_keys.fleet import instances
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.token import KID_BYTES, b64u_decode, b64u_encode
+from tests.fixtures.audit import cli
 
 AUD = "svc"
 LEASE = 0.3
@@ -80,10 +82,16 @@ def test_with_the_lease_off_the_same_instance_seals_with_a_retired_kid(tmp_path:
 
 
 def test_a_keystore_out_of_reach_serves_the_last_good_ring_fenced_out(tmp_path: Path) -> None:
+    """Served, and recorded: the metric, the reason ``fenced-out`` on each ok audit event of those calls,
+    and a note in ``fleet status`` (read from presence, while the keystore is out of reach)."""
+    from mrtr_keys.audit.observer import observer_for
+
     store = _ring(tmp_path)
-    codec = _open(store, lease=LEASE)
+    observer = observer_for(store.path.parent, audience=AUD)  # the audit store beside the ring
+    codec = _open(store, lease=LEASE, instance="svc-fenced", observer=observer)
     codec.unseal(codec.seal(b"warm"))
     fence = codec.fence  # type: ignore[attr-defined]
+    counted = REGISTRY.get_sample_value("mrtr_keys_fenced_out_total") or 0.0
     hidden = store.path.with_name("elsewhere.json")
     store.path.rename(hidden)  # the mount is gone
     time.sleep(LEASE + 0.05)
@@ -93,10 +101,22 @@ def test_a_keystore_out_of_reach_serves_the_last_good_ring_fenced_out(tmp_path: 
     assert fence.sync_checks == checks + 1  # one blocked call a lease, not one a call
     assert fence.fenced_out == 40 and fence.error
     assert (fence.note() or "").startswith("fenced out: served 40 call(s) on the last good ring")
+    assert REGISTRY.get_sample_value("mrtr_keys_fenced_out_total") == counted + 40
+    assert codec.presence.beat()  # type: ignore[attr-defined]
+    res = cli("fleet", "status", keystore=store.path)
+    assert res.code == 0, res.err
+    assert "  svc-fenced: fenced out: served 40 call(s) on the last good ring" in res.out, res.out
     hidden.rename(store.path)
     time.sleep(LEASE + 0.05)
     codec.seal(b"back")
     assert fence.error is None and fence.note() is None
+    assert observer is not None and observer.sink.flush(10)
+    events = cli("audit", "query", "--json", keystore=store.path).json()
+    reasons = [(e["op"], e["reason"]) for e in events if e["op"] in ("seal", "unseal")]
+    assert reasons == [("seal", None), ("unseal", None)] + [("seal", "fenced-out"), ("unseal", "fenced-out")] * 20 + [
+        ("seal", None)
+    ]
+    assert len(cli("audit", "query", "--reason", "fenced-out", "--json", keystore=store.path).json()) == 40
 
 
 def _forged(token: str) -> str:

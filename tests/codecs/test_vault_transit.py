@@ -8,6 +8,7 @@ ciphertext is InvalidRequestState, Vault unreachable is BackendUnavailable, no r
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 
 import pytest
@@ -277,6 +278,45 @@ def test_approle_login(openbao: OpenBao, transit_key: str, tmp_path: Path, monke
     assert codec.unseal(codec.seal(b"approle")) == b"approle"
     with pytest.raises(ConfigError, match="the deploy role's policy needs update"):
         run_step(FileKeystore(path), "begin")
+
+
+def test_a_refused_login_is_an_outage_not_an_invalid_token(
+    openbao: OpenBao, transit_key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kubernetes service-account login (VAULT_K8S_ROLE) seals and unseals; once the login is refused
+    (here: the token file now holds another service account's JWT, and the 1 s login has run out), an
+    unseal is BackendUnavailable (the service is down for this instance), never InvalidRequestState."""
+    from tests.fixtures.k8s_login import ServiceAccountIssuer
+
+    policy = (
+        f'path "transit/encrypt/{transit_key}" {{ capabilities = ["update"] }}\n'
+        f'path "transit/decrypt/{transit_key}" {{ capabilities = ["update"] }}\n'
+        f'path "transit/keys/{transit_key}" {{ capabilities = ["read"] }}\n'
+    )
+    openbao.api("PUT", f"sys/policies/acl/pod-{transit_key}", {"policy": policy})
+    issuer, mount = ServiceAccountIssuer(), f"k8s-{transit_key}"
+    issuer.configure(openbao, mount)
+    policies = [f"pod-{transit_key}"]
+    issuer.role(
+        openbao, mount, "pod", namespace="mcp", account="mcp-billing", audience="vault", policies=policies, ttl="1s"
+    )
+    jwt = tmp_path / "token"
+    jwt.write_text(issuer.token("mcp", "mcp-billing", audience="vault"))
+    for name in ("VAULT_TOKEN", "BAO_TOKEN", "VAULT_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("BAO_ADDR", openbao.addr)
+    monkeypatch.setenv("VAULT_K8S_ROLE", "pod")
+    monkeypatch.setenv("VAULT_K8S_MOUNT", mount)
+    monkeypatch.setenv("VAULT_K8S_TOKEN_FILE", str(jwt))
+    codec = VaultTransitCodec(make_ring(tmp_path, transit_key, "remote"), audience="billing")
+    token = codec.seal(b"k8s")
+    assert codec.unseal(token) == b"k8s"
+    jwt.write_text(issuer.token("mcp", "someone-else", audience="vault"))
+    time.sleep(1.1)  # the 1 s login lease ran out: the next call logs in again, and is refused
+    with pytest.raises(
+        BackendUnavailable, match=f"Vault refused the Kubernetes login \\(role 'pod', POST auth/{mount}/login\\)"
+    ):
+        codec.unseal(token)
 
 
 def test_tls_with_a_ca_bundle(openbao_tls: OpenBao, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,15 @@ REPO = Path(__file__).resolve().parents[2]
 UID = GID = 10001
 VENV = REPO / ".venv"
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")
-PREFIXES = ("/opt/mrtr-keys", "/etc/mrtr", "/etc/systemd", "/var/lib/mrtr-keys", "/run/mrtr", "/clients")
+PREFIXES = (
+    "/opt/mrtr-keys",
+    "/etc/mrtr",
+    "/etc/systemd",
+    "/var/lib/mrtr-keys",
+    "/run/mrtr",
+    "/clients",
+    "/var/run/secrets",
+)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The shipped Kubernetes manifest, run as written: deploy/kubernetes/sidecar.yaml's sidecar
+"""The shipped Kubernetes manifest, run as written: deploy/kubernetes/sidecar-secret-mount.yaml's sidecar
 command and environment, as its non-root user, with the ring and client registry on a directory laid out
 as the kubelet lays out a Secret volume (``..data`` link, files 0440 root:fsGroup) and only the state
 directory writable. The mount is swapped the kubelet's way through begin, promote and retire while the
@@ -32,7 +32,7 @@ from tests.fixtures.keystores import kubelet_publish
 
 pytestmark = pytest.mark.e2e
 
-MANIFEST = REPO / "deploy" / "kubernetes" / "sidecar.yaml"
+MANIFEST = REPO / "deploy" / "kubernetes" / "sidecar-secret-mount.yaml"
 
 
 def world_reachable(path: Path) -> bool:
@@ -73,8 +73,13 @@ def containers(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return sidecar, server
 
 
-def test_every_variable_the_manifest_sets_is_read_by_the_code() -> None:
+def test_every_variable_the_manifests_set_is_read_by_the_code() -> None:
     names = {e["name"] for c in pod_spec()["containers"] for e in c.get("env", [])}
+    for path in (REPO / "deploy" / "kubernetes").glob("*.yaml"):
+        for doc in filter(None, yaml.safe_load_all(path.read_text())):
+            spec = doc.get("spec", {})
+            pod = spec.get("jobTemplate", {}).get("spec", spec).get("template", {}).get("spec", {})
+            names |= {e["name"] for c in pod.get("containers", []) for e in c.get("env", [])}
     source = "\n".join(p.read_text() for p in (REPO / "src" / "mrtr_keys").rglob("*.py"))
     assert names and {n for n in names if f'"{n}"' not in source} == set()
 

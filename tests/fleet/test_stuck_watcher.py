@@ -3,9 +3,10 @@
 Before: a watcher blocked in a keystore call left its instance live on its old generation in `fleet
 status`, and `rotate retire` passed while that instance still opened tokens of the retired key. Now the
 watcher records its last completed check; older than 3 intervals, the instance's heartbeat says ``watcher
-stuck since ...``, `fleet status` shows it, and promote / retire count the instance as not having loaded
-anything newer until it checks again. The hang is a real file keystore whose ``stat`` blocks while a test
-event is set (a filesystem that stops answering), with short intervals so the test takes about a second.
+stuck since ...``, `fleet status` shows it (status ``stuck``, not ``live``, and the note), and promote /
+retire count the instance as not having loaded anything newer until it checks again. The hang is a real
+file keystore whose ``stat`` blocks while a test event is set (a filesystem that stops answering), with
+short intervals so the test takes about a second.
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ def test_a_stuck_watcher_is_reported_and_holds_retire_until_it_checks_again(tmp_
     assert time.monotonic() - hung < (STUCK_INTERVALS + 1.2) * INTERVAL + 1.0  # a wait, 3 intervals, slack
     assert codec.presence.beat()  # type: ignore[attr-defined]  # what the heartbeat writes within 0.5 s
     (row,) = cli("fleet", "status", "--json", keystore=ring).json()
-    assert (row["name"], row["status"], row["generation"]) == ("svc-stuck", "live", 3)
+    assert (row["name"], row["status"], row["current"], row["generation"]) == ("svc-stuck", "stuck", False, 3)
     assert row["note"].startswith("watcher stuck since ")
-    assert "svc-stuck: watcher stuck since" in cli("fleet", "status", keystore=ring).out
+    table = cli("fleet", "status", keystore=ring).out.splitlines()
+    assert table[0].endswith("generation 3: 0 live, 1 stuck, 0 stale, 0 stopped"), table
+    assert next(line for line in table if line.startswith("svc-stuck ")).endswith(" stuck"), table
+    assert any(line.startswith("  svc-stuck: watcher stuck since") for line in table), table
     res = cli("rotate", "retire", keystore=ring)  # generation 3 is loaded, but nothing newer ever will be
     assert res.code == 75, res.out
     assert "retire not yet" in res.err and "stuck ring watcher" in res.err and "svc-stuck (generation 3" in res.err
@@ -76,7 +80,10 @@ def test_a_stuck_watcher_is_reported_and_holds_retire_until_it_checks_again(tmp_
     _wait(lambda: watcher.stuck_since() is None, "still stuck after the keystore answered")
     assert watcher.error is None and watcher.running
     assert codec.presence.beat()  # type: ignore[attr-defined]
-    assert cli("fleet", "status", "--json", keystore=ring).json()[0]["note"] is None
+    (row,) = cli("fleet", "status", "--json", keystore=ring).json()
+    assert (row["status"], row["current"], row["note"]) == ("live", True, None)
     res = cli("rotate", "retire", keystore=ring)
     assert res.code == 0, res.err
+    assert codec.presence.beat()  # type: ignore[attr-defined]
+    assert cli("fleet", "status", keystore=ring).out.splitlines()[0].endswith(": 1 live, 0 stale, 0 stopped")
     watcher.stop()

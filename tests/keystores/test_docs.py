@@ -1,6 +1,7 @@
 """docs/keystores.md as written: its command blocks run against the OpenBao dev server and moto,
 and its least-privilege policies do what the page says: the instance policy reads and refuses writes with
-one line naming the keystore and the permission, the deploy policy writes. AppRole logs in the same way."""
+one line naming the keystore and the permission, the deploy policy writes. AppRole and a Kubernetes
+service-account login (``VAULT_K8S_ROLE``) log in the same way."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from mrtr_keys.keystores.aws_sm import SecretsManagerKeystore
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
 from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from tests.fixtures.common import REPO, run_cli
+from tests.fixtures.k8s_login import ServiceAccountIssuer
 from tests.fixtures.moto_kms import AWS_ENV, REGION, KMSEnv
 from tests.fixtures.openbao import OpenBao
 from tests.support.services import start_moto
@@ -102,6 +104,41 @@ def test_the_vault_policies_read_and_write_as_documented(openbao: OpenBao, tmp_p
     settings = VaultSettings(addr=openbao.addr, role_id=role_id, secret_id=secret_id, approle_mount=mount)
     approle = VaultKVKeystore("secret", "mrtr/policy-test", client=VaultClient(settings))
     assert approle.load().generation == 2
+
+    # A pod's service-account JWT (VAULT_K8S_ROLE), the instance policy: reads, refuses to write, and a
+    # token of another service account or none at all is refused in one line (tests/fixtures/k8s_login.py).
+    issuer, mount = ServiceAccountIssuer(), f"k8s-{suffix}"
+    issuer.configure(openbao, mount)
+    policies = [f"mrtr-read-{suffix}"]
+    issuer.role(openbao, mount, "sidecar", namespace="mcp", account="mcp-billing", audience="vault", policies=policies)
+    jwt = tmp_path / "sa-token"
+    jwt.write_text(issuer.token("mcp", "mcp-billing", audience="vault"))
+    pod = {
+        "BAO_ADDR": openbao.addr,
+        "VAULT_K8S_ROLE": "sidecar",
+        "VAULT_K8S_MOUNT": mount,
+        "VAULT_K8S_TOKEN_FILE": str(jwt),
+    }
+    pod_client = VaultClient(VaultSettings.from_env(pod))
+    assert VaultKVKeystore("secret", "mrtr/policy-test", client=pod_client).load().generation == 2
+    r = run_cli("keys", "list", keystore=url, env={**env, **pod})
+    assert r.code == 0, r.err
+    with pytest.raises(KeystoreError, match="permission denied: Vault refused to write secret/data/mrtr/policy-test"):
+        run_step(VaultKVKeystore("secret", "mrtr/policy-test", client=pod_client), "promote", force=True)
+    jwt.write_text(issuer.token("mcp", "someone-else", audience="vault"))
+    r = run_cli("keys", "list", keystore=url, env={**env, **pod})
+    assert r.code == 1 and r.err.startswith(
+        f"mrtr-keys: key ring {url}: Vault refused the Kubernetes login (role 'sidecar', POST auth/{mount}/login): "
+        "HTTP 400: "
+    ), r.err
+    assert len(r.err.splitlines()) == 1
+    assert "Traceback" not in r.err and jwt.read_text() not in r.err
+    jwt.unlink()
+    r = run_cli("keys", "list", keystore=url, env={**env, **pod})
+    assert r.code != 0 and r.err == (
+        f"mrtr-keys: cannot read the service-account token for the Vault Kubernetes login at {jwt} "
+        "(No such file or directory); set VAULT_K8S_TOKEN_FILE or mount the token\n"
+    )
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 A sidecar that missed a promote (reload off, lease off) opens a token the new key sealed after one look at
 the keystore; one whose lease ran out while the ring cannot be read keeps serving on its last good ring and
-counts those calls in ``mrtr_sidecar_fenced_out_total``.
+counts those calls in ``mrtr_sidecar_fenced_out_total``, gives their audit events the reason ``fenced-out``
+and says so in its heartbeat (``fleet status``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.service.clients import add_client
+from tests.fixtures.audit import cli
 from tests.fixtures.sidecar import start_sidecar
 
 AUD = "svc"
@@ -43,7 +45,13 @@ def test_a_sidecar_that_missed_a_promote_opens_the_new_key_after_one_look(tmp_pa
 
 def test_a_sidecar_whose_lease_ran_out_serves_fenced_out_while_the_ring_cannot_be_read(tmp_path: Path) -> None:
     store, secret = _ring(tmp_path)
-    sidecar = start_sidecar(store.path, workdir=tmp_path / "sc", reload_interval=60, extra=["--lease", "0.3"])
+    sidecar = start_sidecar(
+        store.path,
+        workdir=tmp_path / "sc",
+        reload_interval=60,
+        extra=["--lease", "0.3"],
+        env={"MRTR_KEYS_INSTANCE": "sc-fenced"},
+    )
     try:
         codec = sidecar.codec(AUD, secret)
         assert codec.unseal(codec.seal(b"warm")) == b"warm"
@@ -55,5 +63,14 @@ def test_a_sidecar_whose_lease_ran_out_serves_fenced_out_while_the_ring_cannot_b
         line = next(ln for ln in metrics.splitlines() if ln.startswith("mrtr_sidecar_fenced_out_total"))
         assert float(line.split()[-1]) == 6
         assert "fenced out" in sidecar.output()
+        # The heartbeat carries the fence's note (within its change poll), so `fleet status` shows it.
+        deadline = time.monotonic() + 10
+        while "sc-fenced: fenced out: served" not in (res := cli("fleet", "status", keystore=store.path)).out:
+            assert time.monotonic() < deadline, res.out + res.err
+            time.sleep(0.1)
+        assert res.code == 0
     finally:
         sidecar.stop()
+    reasons = [(e["op"], e["reason"]) for e in cli("audit", "query", "--json", keystore=store.path).json()]
+    served = [r for r in reasons if r[0] in ("seal", "unseal")]
+    assert served == [("seal", None), ("unseal", None)] + [("seal", "fenced-out"), ("unseal", "fenced-out")] * 3

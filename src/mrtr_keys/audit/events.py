@@ -3,7 +3,8 @@
 Field names are fixed (they are the ``--json`` keys of every ``mrtr-keys audit`` command and the
 column names of every store): ``time`` (UTC, ISO 8601 with microseconds and ``Z``), ``instance``
 (host:pid:start of the process that recorded it), ``client`` (sidecar client id), ``audience``,
-``kid``, ``op``, ``outcome`` (``ok`` or ``rejected``), ``reason`` (rejection code, or ``forced``),
+``kid``, ``op``, ``outcome`` (``ok`` or ``rejected``), ``reason`` (rejection code, ``forced``, or
+``fenced-out`` on an ok seal or unseal served while fenced out, `mrtr_keys.codecs.fence`),
 ``fingerprint`` (see `mrtr_keys.audit.fingerprint`), ``generation`` (key ring generation) and
 ``duration_ms``. An event never holds a token, a payload, plaintext, key material or a secret.
 """

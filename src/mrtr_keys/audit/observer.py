@@ -18,6 +18,7 @@ from mrtr_keys.audit.events import OK, REJECTED
 from mrtr_keys.audit.items import new_item
 from mrtr_keys.audit.registry import shared_sink
 from mrtr_keys.audit.sink import AuditSink
+from mrtr_keys.codecs.fence import FENCED_OUT
 
 logger = logging.getLogger("mrtr_keys.audit")
 _now = time.time
@@ -35,23 +36,26 @@ class AuditObserver:
         strict: `ring_loaded` raises `AuditError` when the store cannot be written (else it logs).
     """
 
-    __slots__ = ("__weakref__", "audience", "generation", "kid", "sink", "strict")
+    __slots__ = ("__weakref__", "audience", "generation", "kid", "reason", "sink", "strict")
 
     def __init__(self, sink: AuditSink, *, audience: str, strict: bool = False) -> None:
         self.sink = sink
         self.audience = audience
         self.generation: int | None = None
         self.kid: str | None = None
+        self.reason: str | None = None
+        """The reason ok events carry: `FENCED_OUT` while the codec serves fenced out (`fenced`), else None."""
         self.strict = strict
 
     def __repr__(self) -> str:
         return f"AuditObserver(audience={self.audience!r}, store={self.sink.store.url!r})"
 
     def sealed(self, kid: str, token: str) -> None:
-        self.sink.submit(_new(("seal", OK, kid, token, None, _now(), self.audience, self.generation, None, None)))
+        item = _new(("seal", OK, kid, token, self.reason, _now(), self.audience, self.generation, None, None))
+        self.sink.submit(item)
 
     def unsealed(self, kid: str, token: str) -> None:
-        item = _new(("unseal", OK, kid, token, None, _now(), self.audience, self.generation, None, None))
+        item = _new(("unseal", OK, kid, token, self.reason, _now(), self.audience, self.generation, None, None))
         self.sink.submit(item)
         _local.last = (self, item)
 
@@ -60,6 +64,11 @@ class AuditObserver:
             _new(("unseal", REJECTED, kid, token, reason, _now(), self.audience, self.generation, None, None))
         )
         _local.last = _CODEC_REJECTED
+
+    def fenced(self, why: str | None) -> None:
+        """The codec's fence (`mrtr_keys.codecs.fence.Fence.on_fenced`): while it serves fenced out (`why`
+        is not None) its ok events carry the reason `FENCED_OUT`."""
+        self.reason = None if why is None else FENCED_OUT
 
     def ring_loaded(self, generation: int, kid: str | None = None) -> None:
         """Record that this instance now uses key ring `generation` (primary `kid`), synchronously,

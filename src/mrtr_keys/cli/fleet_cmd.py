@@ -1,8 +1,9 @@
 """`mrtr-keys fleet status`: every instance of this key ring, from its presence heartbeats.
 
-One row an instance (name, codec, generation, primary kid, last heartbeat, live / stale / stopped),
-in 80 columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord` plus
-``status``, ``age_seconds`` and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
+One row an instance (name, codec, generation, primary kid, last heartbeat, live / stuck / stale /
+stopped: stuck is a live instance whose ring watcher has completed no check in 3 intervals), in 80
+columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord` plus ``status``,
+``current`` (live and not stuck), ``age_seconds`` and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
 key). Instances of other rings in the same store, and rows whose last
 heartbeat is older than ``--since`` (default 1h), are left out.
 """
@@ -46,7 +47,8 @@ def status(
     ] = "1h",
     json_: JsonOpt = False,
 ) -> None:
-    """One row an instance: name, codec, generation, primary kid, last heartbeat, live / stale / stopped.
+    """One row an instance: name, codec, generation, primary kid, last heartbeat, live / stuck / stale /
+    stopped (stuck: live, but its ring watcher completed no check in 3 intervals).
 
     A primary that is the MCP SDK's own key (a ring started with ``init --from-sdk-key-file``) gets a
     note line; ``--json`` gives each row's ``primary_format`` (``mk1`` or ``sdk-v1``)."""
@@ -81,7 +83,9 @@ def status(
         if unreachable:
             error(unreachable)
         return
-    counts = {s: sum(r.status(now) == s for r in rows) for s in ("live", "stale", "stopped")}
+    counts = {s: sum(r.shown(now) == s for r in rows) for s in ("live", "stuck", "stale", "stopped")}
+    if not counts["stuck"]:
+        del counts["stuck"]
     head = f"key ring {ring.ring_id} generation {ring.generation}" if ring else "every key ring"
     print_line(f"{head}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if unreachable:
@@ -100,7 +104,7 @@ def status(
             str(r.generation if r.generation is not None else "-"),
             _fit(r.primary_kid or "-", 8),
             _ago(r.age(now)),
-            r.status(now),
+            r.shown(now),
         ]
         print_line(_row(cells, widths))
         if r.note and r.status(now) != "stopped":

@@ -16,7 +16,9 @@ The clock is monotonic and keeps counting while the process is paused, so a paus
   deadlines; one at a time, the others wait for its answer), which switches generation if the keystore
   holds a newer ring; only then does the call proceed. If the keystore cannot be reached the call is
   served on the last good ring as before (availability during an outage stays), the fence records that
-  it served **fenced out** (`fenced_out` calls, `note()` for presence, a WARNING once per outage) and
+  it served **fenced out** (`fenced_out` calls and `on_served` per call, for a metric; `on_fenced` when it
+  starts and stops, which the audit observer turns into the reason `FENCED_OUT` on the ok events of
+  those calls; `note()` for presence, which ``fleet status`` shows; a WARNING once per outage) and
   does not block another call on the keystore until `lease` seconds later (the background watcher keeps
   trying meanwhile, and its first success renews the lease).
 * `look_again` (an unseal that met a kid the loaded ring does not know): one keystore check, at most one
@@ -48,6 +50,8 @@ LIVE_INTERVALS = 3
 cannot be imported from this layer; tests/codecs/test_fence.py checks that the two agree)."""
 DEFAULT_LOOK_GAP = 1.0
 """Seconds between two unknown-kid keystore checks of one instance."""
+FENCED_OUT = "fenced-out"
+"""The audit reason of a seal or unseal served on the last good ring while fenced out (an ok event)."""
 UNKNOWN_KID = "unknown kid"
 """The codecs' reason code for a kid the loaded ring does not hold (`mrtr_keys.codecs.aesgcm`)."""
 MAX_LEASE = 86400.0
@@ -79,6 +83,7 @@ class Fence:
         look_gap: minimum seconds between two `look_again` checks.
         on_fenced: optional callable told the reason when the instance starts serving fenced out,
             and None when a check succeeds again.
+        on_served: optional callable called once per call served fenced out (a metric's ``inc``).
         loaded_at: `lease_clock` time just before the instance read the ring it started with: the lease
             runs from there until the watcher's first check (None: the first call checks).
 
@@ -99,11 +104,13 @@ class Fence:
         look_gap: float = DEFAULT_LOOK_GAP,
         on_fenced: Callable[[str | None], Any] | None = None,
         loaded_at: float | None = None,
+        on_served: Callable[[], Any] | None = None,
     ) -> None:
         self.watcher = watcher
         self.lease = check_lease(lease)
         self.look_gap = look_gap
         self.on_fenced = on_fenced
+        self.on_served = on_served
         self.clock = lease_clock
         self._loaded_at = loaded_at
         self.until = -math.inf
@@ -161,6 +168,8 @@ class Fence:
                 self._retry_at = self.clock() + self.lease
                 self._fenced(self.watcher.error or "the keystore check did not succeed")
             self.fenced_out += 1
+            if self.on_served is not None:
+                self.on_served()
 
     def look_again(self, seen: object, current: Callable[[], object]) -> bool:
         """After an unknown kid: check the keystore (rate-limited) and say whether to retry.

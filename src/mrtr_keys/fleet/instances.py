@@ -2,8 +2,10 @@
 
 An instance is **live** while its last heartbeat is younger than `LIVE_INTERVALS` of its own
 intervals, **stale** after that (it crashed or cannot reach the store), and **stopped** at once after
-a clean shutdown. `mrtr_keys.fleet.presence` writes the rows; the rotation gates
-(`mrtr_keys.fleet.gates`) and ``mrtr-keys fleet status`` read them.
+a clean shutdown. What ``fleet status`` shows (`InstanceRecord.shown`) also says **stuck** for a live
+instance whose heartbeat reports its ring watcher stuck (issue 22): it beats, but loads nothing newer.
+`mrtr_keys.fleet.presence` writes the rows; the rotation gates (`mrtr_keys.fleet.gates`) and
+``mrtr-keys fleet status`` read them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ DEFAULT_HEARTBEAT = 10.0
 LIVE_INTERVALS = 3
 """An instance is live while its last heartbeat is younger than this many of its intervals."""
 LIVE, STALE, STOPPED = "live", "stale", "stopped"
+STUCK = "stuck"
+"""Shown (never a gate status) for a live instance whose ring watcher is stuck."""
 RUNNING = "running"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}")
 
@@ -149,9 +153,18 @@ class InstanceRecord:
             return STOPPED
         return LIVE if self.age(now) < LIVE_INTERVALS * self.every_s else STALE
 
+    def shown(self, now: float) -> str:
+        """What ``fleet status`` shows: `status`, except `STUCK` for a live instance whose ring watcher
+        is stuck (it is live to the gates, which hold it as not having loaded anything newer)."""
+        status = self.status(now)
+        return STUCK if status == LIVE and self.watcher_stuck else status
+
     def to_json(self, now: float) -> dict[str, Any]:
+        """The row's columns, plus ``status`` (`shown`), ``current`` (live with a watcher that checks)
+        and ``age_seconds``."""
         doc = dict(zip(INSTANCE_COLUMNS, self.row(), strict=True))
-        doc["status"] = self.status(now)
+        doc["status"] = self.shown(now)
+        doc["current"] = doc["status"] == LIVE
         doc["age_seconds"] = round(self.age(now), 3)
         return doc
 

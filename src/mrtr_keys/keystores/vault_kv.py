@@ -31,7 +31,7 @@ from mrtr_keys.errors import (
     KeystoreUnavailable,
 )
 from mrtr_keys.keystores.remote import RemoteKeystore
-from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
+from mrtr_keys.providers.vault.client import LoginRefused, VaultClient, VaultRefused
 from mrtr_keys.ring.model import KeyRing
 
 FIELD = "keyring"
@@ -174,6 +174,8 @@ class VaultKVKeystore(RemoteKeystore):
             self._remember(ring, str(version))
 
     def _fail(self, exc: Exception, op: str, path: str) -> NoReturn:
+        if isinstance(exc, LoginRefused):
+            raise KeystoreError(f"key ring {self.url}: {exc}") from None
         if isinstance(exc, BackendUnavailable):
             raise KeystoreUnavailable(
                 f"key ring {self.url} is unavailable ({exc}); nothing was changed, retry later"

@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 
 from mrtr_keys.backends import Codec
-from mrtr_keys.codecs.fence import UNKNOWN_KID
+from mrtr_keys.codecs.fence import FENCED_OUT, UNKNOWN_KID
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.replay.service_guard import STORE_UNAVAILABLE
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
@@ -150,6 +150,9 @@ class SidecarCore(RingLifecycle):
 
     def _audit(self, sink: AuditSink, op: str, client: str | None, out: Outcome, t0: float) -> None:
         """One audit event; `AuditFailed` if the sink fails and audit is strict (one log line, no traceback)."""
+        reason = out.reason
+        if reason is None and out.outcome == "ok" and self.fence is not None and self.fence.error is not None:
+            reason = FENCED_OUT  # served on the last good ring after a failed keystore check
         try:
             sink(
                 op=op,
@@ -157,7 +160,7 @@ class SidecarCore(RingLifecycle):
                 client=client,
                 kid=out.kid,
                 outcome=out.outcome,
-                reason=out.reason,
+                reason=reason,
                 token=out.token,
                 duration_ms=(time.perf_counter() - t0) * 1000.0,
             )
@@ -340,6 +343,8 @@ class SidecarCore(RingLifecycle):
         sealed or unsealed on the loop, audited, and counted (counters added once per batch).
         """
         await self._fenced()
+        fence = self.fence
+        fenced = FENCED_OUT if fence is not None and fence.error is not None else None  # the ok events' reason
         seal = op == "seal"
         check = seal_check if seal else unseal_check
         with_codec = self._seal_with if seal else self._unseal_with
@@ -378,7 +383,8 @@ class SidecarCore(RingLifecycle):
                 tally[key] = tally.get(key, 0) + 1
                 if many is not None:
                     ms = (clock() - t0) * 1000.0
-                    events.append((out.audience, out.kid, outcome, out.reason, out.token, ms, wall()))
+                    reason = out.reason if out.reason is not None or outcome != "ok" else fenced
+                    events.append((out.audience, out.kid, outcome, reason, out.token, ms, wall()))
                 elif sink is not None:
                     self._audit(sink, op, name, out, t0)
                 append(out.body if out.detail is None else result_item(out))

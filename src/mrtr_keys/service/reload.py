@@ -275,10 +275,11 @@ class Keeper:
 
             def view() -> Loaded:
                 ring = state.ring
-                note = watcher.stuck_note() or state.refused or (f"keystore: {state.error}" if state.error else None)
                 fence = core.fence
-                if note is None and fence is not None:
-                    note = fence.note()
+                fenced = fence.note() if fence is not None else None  # it names the keystore error too
+                note = watcher.stuck_note() or state.refused or fenced
+                if note is None and state.error:
+                    note = f"keystore: {state.error}"
                 if note is None and watcher.error:
                     note = f"keystore: {watcher.error}"
                 if note is None and watcher.interval == 0:

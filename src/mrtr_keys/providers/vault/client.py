@@ -8,13 +8,23 @@ TLS), ``VAULT_SKIP_VERIFY``, ``VAULT_CLIENT_TIMEOUT`` (seconds) and
 ``VAULT_MAX_RETRIES``, with the same meaning as in the Vault and OpenBao CLIs
 (the ``VAULT_`` name wins when both are set). AppRole is used when there is no
 token and ``VAULT_ROLE_ID`` + ``VAULT_SECRET_ID`` are set (mount
-``VAULT_APPROLE_MOUNT``, default ``approle``); the login is renewed before its
+``VAULT_APPROLE_MOUNT``, default ``approle``). A Kubernetes service-account login is
+used when there is neither and ``VAULT_K8S_ROLE`` is set: ``POST auth/MOUNT/login``
+with ``{"role", "jwt"}`` (mount ``VAULT_K8S_MOUNT``, default ``kubernetes``; the JWT
+read from ``VAULT_K8S_TOKEN_FILE``, default the pod's
+``/var/run/secrets/kubernetes.io/serviceaccount/token``, again at each login since the
+kubelet rotates projected tokens). Vault's Kubernetes auth method and its JWT auth
+method configured for service-account tokens take the same login
+(https://developer.hashicorp.com/vault/api-docs/auth/kubernetes#login,
+https://openbao.org/api-docs/auth/jwt/#jwt-login). A login is renewed before its
 lease runs out, never as a retry of a refused request.
 
 Error mapping (one place, `VaultClient.request`):
 
 * transport failure (refused, reset, timeout, TLS) after the retries, or an HTTP
   5xx answer: `BackendUnavailable` (Vault is down, sealed or overloaded);
+* a refused AppRole or Kubernetes login: `LoginRefused`, a `BackendUnavailable` (this
+  instance cannot use Vault; its tokens are not thereby invalid);
 * HTTP 4xx: `VaultRefused`, carrying the status and Vault's error strings (Vault
   never echoes plaintext or key material in them). Callers decide what a refusal
   means: the transit codec turns a refused decrypt into ``InvalidRequestState``.
@@ -43,6 +53,9 @@ from mrtr_keys.errors import BackendUnavailable, ConfigError, MrtrKeysError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_RETRIES = 2
+DEFAULT_K8S_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
+"""Where the kubelet mounts a pod's service-account token (unless automounting is off)."""
+MAX_JWT_BYTES = 64 * 1024
 RETRY_BACKOFF_SECONDS = 0.05
 """First retry delay (seconds); doubles on each further retry."""
 
@@ -54,6 +67,18 @@ class VaultRefused(MrtrKeysError):
 
     `status` is the HTTP status; `errors` Vault's error strings (no secrets in them).
     """
+
+    def __init__(self, message: str, *, status: int, errors: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errors = errors
+
+
+class LoginRefused(BackendUnavailable):
+    """Vault refused the AppRole or Kubernetes login itself (wrong role, secret, service account or
+    audience; an expired or unreadable service-account token), as opposed to a request the logged-in
+    token may not make. A `BackendUnavailable`: the instance cannot use Vault, so a token it cannot
+    decrypt is never reported as an invalid token. `status` and `errors` as in `VaultRefused`."""
 
     def __init__(self, message: str, *, status: int, errors: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -78,6 +103,8 @@ class VaultSettings:
         token: a Vault token, or None to use AppRole.
         namespace: Vault Enterprise / OpenBao namespace, sent as ``X-Vault-Namespace``.
         role_id, secret_id, approle_mount: AppRole login, used when `token` is None.
+        k8s_role, k8s_mount, k8s_token_file: Kubernetes service-account login (the JWT in
+            `k8s_token_file`), used when there is neither a token nor AppRole.
         ca_cert: path of a CA bundle file or directory to verify the server with.
         client_cert, client_key: PEM paths for mutual TLS.
         tls_verify: False only for throwaway test servers (``VAULT_SKIP_VERIFY``).
@@ -91,6 +118,9 @@ class VaultSettings:
     role_id: str | None = None
     secret_id: str | None = field(default=None, repr=False)
     approle_mount: str = "approle"
+    k8s_role: str | None = None
+    k8s_mount: str = "kubernetes"
+    k8s_token_file: str = DEFAULT_K8S_TOKEN_FILE
     ca_cert: str | None = None
     client_cert: str | None = None
     client_key: str | None = None
@@ -106,9 +136,10 @@ class VaultSettings:
             raise ConfigError("the Vault client timeout must be between 0 and 3600 seconds")
         if not (0 <= self.max_retries <= 10):
             raise ConfigError("the Vault client retries must be between 0 and 10")
-        if self.token is None and not (self.role_id and self.secret_id):
+        if self.token is None and not (self.role_id and self.secret_id) and not self.k8s_role:
             raise ConfigError(
-                "no Vault credentials: set VAULT_TOKEN (or BAO_TOKEN), or VAULT_ROLE_ID and VAULT_SECRET_ID for AppRole"
+                "no Vault credentials: set VAULT_TOKEN (or BAO_TOKEN), VAULT_ROLE_ID and VAULT_SECRET_ID for AppRole, "
+                "or VAULT_K8S_ROLE for a Kubernetes service-account login"
             )
         if (self.client_cert is None) != (self.client_key is None):
             raise ConfigError("mutual TLS needs both VAULT_CLIENT_CERT and VAULT_CLIENT_KEY")
@@ -129,6 +160,9 @@ class VaultSettings:
             "role_id": _env(env, "VAULT_ROLE_ID", "BAO_ROLE_ID"),
             "secret_id": _env(env, "VAULT_SECRET_ID", "BAO_SECRET_ID"),
             "approle_mount": _env(env, "VAULT_APPROLE_MOUNT", "BAO_APPROLE_MOUNT") or "approle",
+            "k8s_role": _env(env, "VAULT_K8S_ROLE", "BAO_K8S_ROLE"),
+            "k8s_mount": _env(env, "VAULT_K8S_MOUNT", "BAO_K8S_MOUNT") or "kubernetes",
+            "k8s_token_file": _env(env, "VAULT_K8S_TOKEN_FILE", "BAO_K8S_TOKEN_FILE") or DEFAULT_K8S_TOKEN_FILE,
             "ca_cert": _env(env, "VAULT_CACERT", "BAO_CACERT", "VAULT_CAPATH", "BAO_CAPATH"),
             "client_cert": _env(env, "VAULT_CLIENT_CERT", "BAO_CLIENT_CERT"),
             "client_key": _env(env, "VAULT_CLIENT_KEY", "BAO_CLIENT_KEY"),
@@ -274,16 +308,27 @@ class VaultClient:
         with self._login_lock:
             if self._login_expires is not None and time.monotonic() < self._login_expires:
                 return
-            answer = self._send(
-                "post",
-                f"auth/{quote(s.approle_mount, safe='/')}/login",
-                {"role_id": s.role_id, "secret_id": s.secret_id},
-                idempotent=True,
-            )
+            body: dict[str, str | None]
+            if s.role_id and s.secret_id:
+                kind, mount, body = "AppRole", s.approle_mount, {"role_id": s.role_id, "secret_id": s.secret_id}
+            else:
+                kind, mount = "Kubernetes", s.k8s_mount
+                body = {"role": s.k8s_role, "jwt": _read_jwt(s.k8s_token_file)}
+            path = f"auth/{quote(mount, safe='/')}/login"
+            try:
+                answer = self._send("post", path, body, idempotent=True)
+            except VaultRefused as exc:
+                detail = "; ".join(exc.errors) or "no detail"
+                who = f"role {s.k8s_role!r}, " if kind == "Kubernetes" else ""
+                raise LoginRefused(
+                    f"Vault refused the {kind} login ({who}POST {path}): HTTP {exc.status}: {detail}",
+                    status=exc.status,
+                    errors=exc.errors,
+                ) from None
             auth = answer.get("auth")
             token = auth.get("client_token") if isinstance(auth, dict) else None
             if not isinstance(token, str) or not token:
-                raise VaultRefused("Vault AppRole login returned no client token", status=200)
+                raise VaultRefused(f"Vault {kind} login returned no client token", status=200)
             assert isinstance(auth, dict)
             lease = auth.get("lease_duration")
             ttl = float(lease) if isinstance(lease, int | float) and lease > 0 else 3600.0
@@ -358,6 +403,26 @@ def latest_version(key_info: Mapping[str, Any]) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise BackendUnavailable("Vault's key read has no latest_version")
     return version
+
+
+def _read_jwt(path: str) -> str:
+    """The service-account JWT in `path` (read at each login: the kubelet rotates projected tokens).
+
+    Raises:
+        ConfigError: the file cannot be read, is empty or larger than 64 KiB (its content is never shown).
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JWT_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the service-account token for the Vault Kubernetes login at {path} "
+            f"({exc.strerror or type(exc).__name__}); set VAULT_K8S_TOKEN_FILE or mount the token"
+        ) from None
+    text = raw.decode("ascii", "replace").strip()
+    if not text or len(raw) > MAX_JWT_BYTES:
+        raise ConfigError(f"the service-account token file {path} is empty or larger than 64 KiB")
+    return text
 
 
 def _path(mount: str, *parts: str) -> str:
