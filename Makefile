@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test fast lint bench clean ts-test
 
+# Some hosts set PYTHONDONTWRITEBYTECODE=1: then every test worker, CLI run and server recompiles the package
+# and pytest rewrites every test module again (about 4 s of CPU per worker). Compiled files stay in __pycache__.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
