@@ -49,7 +49,7 @@ ts-test: $(STAMP)
 
 # the fast loop: every test but the end-to-end ones (marker e2e: subprocess servers, OpenBao, moto, the CLI)
 fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 2
+	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 4
 
 # make bench BENCH_ARGS='--docs' also refreshes docs/performance.md; BENCH_ARGS='sidecar' runs one part
 bench: $(STAMP)
