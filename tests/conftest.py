@@ -1,5 +1,6 @@
 """Loads every fixture module under tests/fixtures/ (one module per service or concern)."""
 
+import os
 import pkgutil
 from pathlib import Path
 
@@ -38,36 +39,41 @@ E2E_MODULES = frozenset(
 )
 """Modules (or single tests) that start processes without one of those fixtures."""
 LONG_FIRST = (
-    "e2e/test_fleet_rotation.py",
-    "e2e/test_paused_instance.py",
-    "typescript/test_e2e.py",
-    "e2e/test_adopt_sdk.py",
-    "docs/test_doc_commands.py",
-    "e2e/test_fleet_controls.py",
-    "bench/",
-    "typescript/",
-    "audit/test_concurrent_start.py",
-    "deploy/",
-    "cli/test_cli.py",
+    ("e2e/test_fleet_rotation.py", 210),
+    ("typescript/test_e2e.py", 150),
+    ("e2e/test_paused_instance.py::test_instances_paused_across_a_promote_and_a_retire_reject_nothing[aws-sm]", 115),
+    ("e2e/test_paused_instance.py::test_instances_paused_across_a_promote_and_a_retire_reject_nothing[vault-kv]", 105),
+    ("e2e/test_paused_instance.py::test_an_instance_cut_from_keystore_and_audit_store_for_40_s_rejects", 120),
+    ("e2e/test_paused_instance.py", 40),
+    ("e2e/test_fleet_controls.py", 80),
+    ("docs/test_doc_commands.py", 70),
+    ("bench/", 70),
+    ("e2e/test_adopt_sdk.py", 58),
+    ("e2e/test_kms_rotation.py", 55),
+    ("keystores/test_concurrency.py", 50),
+    ("e2e/test_vault_rotation.py", 47),
+    ("e2e/test_keystore_fleet.py", 47),
+    ("typescript/test_docs.py", 45),
+    ("cli/test_cli.py", 45),
+    ("deploy/", 40),
+    ("e2e/test_audit_memory.py", 40),
+    ("audit/test_concurrent_start.py", 24),
 )
-"""Paths (prefixes) of the longest tests, in the order they are started. Under ``pytest -n`` (`make test`)
-the suite lasts at least as long as its longest test, which mostly waits on gates and processes: started
-first, it waits while the other workers run everything else."""
+"""``path`` or ``path::test`` prefixes of the longest tests (one unit each, kept together: a module-scoped
+fixture is started once) and their rough wall time in seconds on a loaded 2-core host, longest first. The
+suite lasts at least as long as its longest test, which mostly waits on gates and processes, so these start
+first; under ``pytest -n N`` (`make test`) each goes to the head of a different worker's first batch
+(`_spread`)."""
 E2E_PARAMS = ("sidecar", "kms", "vault", "aws")
 """Prefixes of parameters naming a codec or keystore whose backend is a real service (sidecar, sidecar-sdk,
 kms, vault-remote, vault-datakey, vault-kv, aws-sm: fixtures fetched by name at run time)."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark end-to-end tests ``e2e`` (see the sets above): ``pytest -m "not e2e"`` is the fast loop; then
-    move the `LONG_FIRST` tests to the front (a stable sort: the rest keep their order)."""
+    """Mark end-to-end tests ``e2e`` (see the sets above), before ``-m`` selects: ``pytest -m "not e2e"``
+    is the fast loop."""
     root = Path(__file__).parent
-
-    def rank(item: pytest.Item) -> int:
-        name = item.path.relative_to(root).as_posix()
-        return next((i for i, prefix in enumerate(LONG_FIRST) if name.startswith(prefix)), len(LONG_FIRST))
-
-    items.sort(key=rank)
     for item in items:
         rel = item.path.relative_to(root)
         name = rel.as_posix()
@@ -79,6 +85,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or _service_param(item)
         ):
             item.add_marker(pytest.mark.e2e)
+
+
+def _unit(item: pytest.Item, root: Path) -> int:
+    name = f"{item.path.relative_to(root).as_posix()}::{item.name}"
+    return next((i for i, (prefix, _) in enumerate(LONG_FIRST) if name.startswith(prefix)), len(LONG_FIRST))
+
+
+def _spread(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """`items` ordered for ``--dist worksteal`` over `workers` workers, which first hands each worker one
+    contiguous batch (``len(pending) // workers_left`` tests) and later lets an idle worker steal the tail
+    of the longest queue: the `LONG_FIRST` units are dealt to the batches longest first, each to the batch
+    with the least estimated time so far, at its head; the other tests fill the batches in their order."""
+    root = Path(__file__).parent
+    units: dict[int, list[pytest.Item]] = {}
+    rest: list[pytest.Item] = []
+    for item in items:
+        u = _unit(item, root)
+        (rest if u == len(LONG_FIRST) else units.setdefault(u, [])).append(item)
+    lanes: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for u in sorted(units, key=lambda u: -LONG_FIRST[u][1]):
+        lane = min(range(workers), key=lambda i: load[i])
+        lanes[lane].extend(units[u])
+        load[lane] += LONG_FIRST[u][1]
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    fill = iter(rest)
+    for i, lane in enumerate(lanes):
+        size = left // (workers - i)
+        ordered.extend(lane)
+        ordered.extend(item for _, item in zip(range(size - len(lane)), fill, strict=False))
+        left -= size
+    ordered.extend(fill)
+    return ordered
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After ``-m`` and ``-k`` have selected, before a worker reports its collection: the `LONG_FIRST` units
+    first (one process), or spread over the workers' first batches (``pytest -n N``; every worker collects
+    and orders alike, as xdist requires)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    session.items[:] = _spread(session.items, workers)
 
 
 def _service_param(item: pytest.Item) -> bool:

@@ -27,15 +27,18 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
+from tests.fixtures.faults import through
 from tests.fixtures.moto_kms import AWS_ENV
 from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar, start_sidecar
+from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -237,3 +240,77 @@ def test_control_without_the_lease_a_paused_sidecar_seals_with_a_retired_kid(tmp
             if sc.proc.poll() is None:
                 _thaw(sc.proc)
             sc.stop()
+
+
+CUT_SECONDS = 40.0
+"""How long `sc-cut` is cut from its keystore and its audit store (issue 23: a partition, not a pause)."""
+
+
+def test_an_instance_cut_from_keystore_and_audit_store_for_40_s_rejects_nothing_once_healed(
+    tmp_path: Path, shared_ring: tuple[str, dict[str, str]], postgres_url: str
+) -> None:
+    """``sc-cut`` reaches the keystore (OpenBao or moto) and the PostgreSQL audit store through proxies that
+    blackhole for 40 s (connections held, nothing answered) while the fleet begins and promotes a rotation
+    without it (its heartbeats stop arriving, so the gates stop counting it). It is out of traffic while cut,
+    as a load balancer would take out an instance failing its readiness; healed, it is put back at once, and
+    meets tokens sealed with a key it never saw: 0 rejected, and it reports the new generation."""
+    ring, env, secret = _init(shared_ring)
+    store = CountingProxy(int(urlparse(postgres_url).port or 5432), http=False)
+    if ring.startswith("vault-kv://"):
+        keystore = CountingProxy(int(env["BAO_ADDR"].rsplit(":", 1)[1]))
+        cut_env = {**env, "BAO_ADDR": keystore.url, "VAULT_ADDR": keystore.url}
+    else:
+        keystore = CountingProxy(int(env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]))
+        cut_env = {**env, "AWS_ENDPOINT_URL": keystore.url}
+    cut_env["MRTR_KEYS_AUDIT"] = through(postgres_url, store)
+    pool = ServerPool(tmp_path / "servers", env=env)
+    sidecars: list[Sidecar] = []
+    traffic: Traffic | None = None
+    try:
+        servers = [
+            pool.launch(
+                keystore=ring,
+                instance=n,
+                extra_args=("--ttl", TTL, "--heartbeat-every", HEARTBEAT, "--reload-every", "0.5"),
+            )
+            for n in ("mcp-1", "mcp-2")
+        ]
+        pool.wait_ready()
+        sidecars = [_sidecar(ring, env, tmp_path, "sc-1"), _sidecar(ring, cut_env, tmp_path, "sc-cut")]
+        traffic = Traffic(
+            {s.instance: s.url for s in servers}, {"sc-1": sidecars[0].url, "sc-cut": sidecars[1].url}, secret
+        )
+        for name in ("mcp-1", "mcp-2", "sc-1", "sc-cut"):
+            traffic.put_in(name)
+        traffic.start()
+        traffic.wait_rounds(6, involving="sc-cut")
+
+        traffic.take_out("sc-cut")
+        keystore.faults.blackhole()
+        store.faults.blackhole()
+        cut = time.monotonic()
+        assert _step(ring, env, "next", "--wait", "60")["step"] == "begin"
+        promoted = _step(ring, env, "next", "--wait", "60")  # once sc-cut is stale: its heartbeats are held
+        assert promoted["step"] == "promote"
+        traffic.wait_rounds(6)  # the new key seals on the others
+        rows = {r["name"]: r for r in run_cli("fleet", "status", "--json", keystore=ring, env=env).json()}
+        assert rows["sc-cut"]["status"] == "stale", rows["sc-cut"]
+        time.sleep(max(0.0, cut + CUT_SECONDS - time.monotonic()))
+        keystore.faults.restore()
+        store.faults.restore()
+        traffic.put_in("sc-cut")  # at once: its first call finds the lease run out and looks first
+        traffic.wait_rounds(8, involving="sc-cut")
+        traffic.stop()
+        assert traffic.rejected == 0 and traffic.failed == 0, "\n".join(traffic.log[:20])
+        assert sidecars[1].generation(secret) == promoted["generation"]
+        print(f"\ncut {CUT_SECONDS:g} s over {ring.split(':')[0]}: {traffic.summary()}")
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        keystore.faults.restore()
+        store.faults.restore()
+        for sc in sidecars:
+            sc.stop()
+        pool.close()
+        keystore.close()
+        store.close()
