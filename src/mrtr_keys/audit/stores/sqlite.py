@@ -21,6 +21,14 @@ from mrtr_keys.errors import AuditError, ConfigError
 
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_FILE = "audit.db"
+V4_INDEXES = (
+    "DROP INDEX IF EXISTS audit_events_op_kid_time",
+    "CREATE INDEX audit_events_kid_op_time ON audit_events (kid, op, time)",
+    "CREATE INDEX audit_events_fp8 ON audit_events (substr(fingerprint, 1, 8))",
+)
+"""Schema 4 on SQLite: ``(kid, op, time)`` serves ``--kid`` alone as well as the rotation gates (kid, op,
+time window), and ``query --token`` finds its rows through the first 8 characters of the fingerprint
+(a quarter of a full index's width; the full value is then compared)."""
 
 
 def path_from_url(url: str) -> Path:
@@ -68,6 +76,10 @@ class SQLiteStore(SQLStore):
 
     def _begin(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
+
+    def _to_v4(self, cur: Any) -> None:
+        for stmt in V4_INDEXES:
+            cur.execute(stmt)
 
     def _migrate(self) -> None:
         _wait_busy(super()._migrate)
