@@ -8,7 +8,12 @@ process (wall time; peak RSS from ``wait4``):
   (``SELECT`` in pages, no hashing), and its peak RSS; the RSS ratio large/small shows the growth
   (target flat: <= 1.2x);
 * ``audit prune --before 30d`` (a quarter of the events): events deleted/s, then verify again;
-* bytes per event (the store file, indexes included).
+* bytes per event (the store file, indexes included);
+* lookups that must stay flat as the log grows (schema 4 indexes): the retire gate's query (the newest
+  ``ok`` seal of a kid within the TTL; `mrtr_keys.fleet.gates.sealing_wait`), ``audit query --kid K
+  --limit 20`` and ``--kid`` of a rare kid (CLI child, start-up included), and ``--token`` (the
+  fingerprint lookup, in process: the bench's audit key is not beside a ring). Target: within 2x
+  for 5x the events.
 
 Sizes: ``MRTR_KEYS_BENCH_AUDIT_SIZES`` (default ``1000000,5000000``; ``--quick``: 10 000 and 40 000).
 """
@@ -62,6 +67,57 @@ def _bare_read(url: str) -> float:
     return n / elapsed
 
 
+def _timed(fn: object) -> float:
+    started = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - started
+
+
+def _lookups(url: str) -> dict[str, float]:
+    """Seconds of each lookup (best of 3, warm) on the store at `url`."""
+    from mrtr_keys.audit.events import format_ts
+    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.stores.url import open_store
+
+    store = open_store(url)
+    try:
+        fp = "f" * 24  # a token the log has not seen: the lookup itself (the fill reuses 32 tokens)
+        gate = Query(
+            op="seal", kid="1a2b3c4d", outcome="ok", since=format_ts(time.time() - 3_660), newest_first=True, limit=1
+        )
+        old_gate = Query(
+            op="seal", kid="0ld0k1d0", outcome="ok", since=format_ts(time.time() - 3_660), newest_first=True, limit=1
+        )
+        out = {
+            "gate": min(_timed(lambda: store.query(gate)) for _ in range(3)),
+            "gate_quiet": min(_timed(lambda: store.query(old_gate)) for _ in range(3)),
+            "token": min(_timed(lambda: list(store.iter_query(Query(fingerprint=fp)))) for _ in range(3)),
+        }
+    finally:
+        store.close()
+    out["kid_limit"] = min(
+        _cli_seconds("audit", "query", "--audit", url, "--kid", "1a2b3c4d", "--limit", "20", "--json") for _ in range(2)
+    )
+    out["kid_rare"] = min(
+        _cli_seconds("audit", "query", "--audit", url, "--kid", "0ld0k1d0", "--json") for _ in range(2)
+    )
+    return out
+
+
+def _cli_seconds(*args: str) -> float:
+    _, seconds, _ = _cli(*args)
+    return seconds
+
+
+LOOKUPS = {
+    "gate": "rotate retire gate query (kid sealing)",
+    "gate_quiet": "rotate retire gate query (kid quiet)",
+    "token": "audit query --token (fingerprint lookup)",
+    "kid_limit": "audit query --kid K --limit 20 (CLI)",
+    "kid_rare": "audit query --kid RARE (CLI)",
+}
+
+
 def run(services: Services, settings: Settings) -> list[Row]:
     env_sizes = os.environ.get("MRTR_KEYS_BENCH_AUDIT_SIZES")
     sizes = (
@@ -71,6 +127,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     )
     rows: list[Row] = []
     rss: dict[int, int] = {}
+    looks: dict[int, dict[str, float]] = {}
     for n in sizes:
         directory = services.workdir / f"audit-scale-{n}"
         directory.mkdir(exist_ok=True)
@@ -96,6 +153,9 @@ def run(services: Services, settings: Settings) -> list[Row]:
         rows[-1].note = f"bare read {anchor:,.0f} rows/s; fill {fill_rate:,.0f} events/s; {seconds:.1f} s"
         rows.append(Row(PART, f"audit verify peak RSS, {label}", "MB", peak).decide(peak, "< 200 MB"))
         rows.append(Row(PART, f"bytes per event, {label}", "B", size_mb * 2**20 / n, note=f"{size_mb:.0f} MB"))
+        looks[n] = _lookups(url)
+        for key, name in LOOKUPS.items():
+            rows.append(Row(PART, f"{name}, {label}", "ms", looks[n][key] * 1000))
         res, pseconds, ppeak = _cli("audit", "prune", "--before", "30d", "--audit", url, "--to", cps, "--json")
         deleted = int(res["deleted"])  # type: ignore[call-overload]
         rows.append(
@@ -108,6 +168,15 @@ def run(services: Services, settings: Settings) -> list[Row]:
         db.unlink()
         for extra in directory.glob("audit.db-*"):
             extra.unlink()
+    if len(looks) >= 2:
+        small, large = min(looks), max(looks)
+        for key, name in LOOKUPS.items():
+            growth = looks[large][key] / max(looks[small][key], 1e-6)
+            rows.append(
+                Row(PART, f"{name} growth, {large // small}x the events", "x", growth, ratio=growth).decide(
+                    growth, "<= 2x"
+                )
+            )
     if len(rss) >= 2:
         small, large = min(rss), max(rss)
         growth = rss[large] / rss[small]

@@ -1,5 +1,6 @@
 """A schema v1 store (as the first release created it) opens, migrates to schema 3 (the last step taken on
-open) and still verifies; ``audit migrate`` then takes it to schema 4 once, keeping every event."""
+open) and still verifies; ``mrtr-keys audit migrate`` then takes it to schema 4 once, keeping every event
+(the block of docs/audit.md, "Migrating an existing store to schema 4", run as written: here with --audit)."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def _check_migrated(url: str, indexes: Callable[[], set[str]], make_sink: Callab
     finally:
         migrated.close()
     res = cli("audit", "migrate", "--audit", url)
-    assert res.code != 0 and "already at schema version 4: nothing to migrate" in res.err
+    assert res.code == 2 and "already at schema version 4: nothing to migrate" in res.err
     insert(make_sink(url), known_events(2))
     report = cli("audit", "verify", "--json", "--audit", url).json()
     assert report["ok"] is True and report["records"] == 11 and report["chains"] == 3

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -207,10 +208,42 @@ def query(
         limit=limit,
         newest_first=limit is not None,
     )
-    records = _open(audit, keystore_).query(q)
-    if q.newest_first:
-        records.reverse()
-    _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)", wide)
+    store = _open(audit, keystore_)
+    try:
+        if q.newest_first:  # the newest --limit N, printed oldest first: N records, as the user asked
+            records = store.query(q)
+            records.reverse()
+            _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)", wide)
+        else:
+            _stream_events((r.event.to_json() for r in store.iter_query(q)), json_, wide)
+    finally:
+        store.close()
+
+
+TABLE_CHUNK = 1_000
+"""Rows a table holds when ``audit query`` streams a long result (one table a chunk)."""
+
+
+def _stream_events(events: Iterator[dict[str, Any]], json_: bool, wide: bool) -> None:
+    """Print events as they are read: one JSON array written item by item, or tables of
+    `TABLE_CHUNK` rows (a result that fits one chunk looks exactly as before)."""
+    from itertools import islice
+
+    from mrtr_keys.cli.output import stream_json_array
+
+    if json_:
+        stream_json_array(events)
+        return
+    chunk = list(islice(events, TABLE_CHUNK))
+    if len(chunk) < TABLE_CHUNK:
+        _print_events(chunk, False, f"{len(chunk)} event(s)", wide)
+        return
+    done = 0
+    while chunk:
+        _print_events(chunk, False, f"events {done + 1}-{done + len(chunk)}", wide)
+        done += len(chunk)
+        chunk = list(islice(events, TABLE_CHUNK))
+    sys.stderr.write(f"mrtr-keys: {done} event(s)\n")
 
 
 @app.command("stats")

@@ -78,6 +78,10 @@ class AuditStore(Protocol):
         """Matching records, oldest first (or newest first with `q.newest_first`)."""
         ...
 
+    def iter_query(self, q: Query) -> Iterator[Record]:
+        """`query` as a stream: records are read as they are consumed (flat memory at any result size)."""
+        ...
+
     def records(self) -> Iterator[Record]:
         """Every record in storage order (for verify, checkpoint and export)."""
         ...

@@ -108,6 +108,15 @@ class JSONLStore:
             out.reverse()
         return out[: q.limit] if q.limit is not None else out
 
+    def iter_query(self, q: Query) -> Iterator[Record]:
+        """`query` as a stream (oldest first without a limit: read as the file is read)."""
+        if q.newest_first or q.limit is not None:
+            yield from self.query(q)
+            return
+        for r in self.records():
+            if q.matches(r):
+                yield r
+
     def count(self) -> int:
         return sum(1 for _ in self.records())
 

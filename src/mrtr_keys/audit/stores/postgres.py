@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date
 from typing import Any
 
@@ -116,6 +116,34 @@ class PostgresStore(SQLStore):
     def _migrate(self) -> None:
         with WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE):
             super()._migrate()
+
+    def _stream(self, sql: str, args: Sequence[Any]) -> Iterator[Sequence[Any]]:
+        """Rows of one read through a server-side cursor, each page of rows under `READ_DEADLINE`
+        (the whole result never sits in client memory, and a long result is not cut by one deadline)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            conn = self._conn
+            try:
+                with conn.cursor(name="mrtr_keys_stream") as cur:
+                    with WATCHDOG.guard(conn.fileno(), READ_DEADLINE):
+                        cur.execute(sql, tuple(args))
+                    while True:
+                        with WATCHDOG.guard(conn.fileno(), READ_DEADLINE):
+                            rows = cur.fetchmany(self.STREAM_PAGE)
+                        if not rows:
+                            break
+                        yield from rows
+            except self._db_errors as exc:
+                if self._broken(conn):
+                    self._discard()
+                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+            finally:  # a read: end its transaction, also when the reader stopped early
+                if self._conn is conn and not self._broken(conn):
+                    try:
+                        conn.rollback()
+                    except self._db_errors:
+                        pass
 
     def _to_v4(self, cur: Any) -> None:
         cur.execute(layout.OLD_DAYS)

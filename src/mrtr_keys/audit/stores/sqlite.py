@@ -54,6 +54,7 @@ class SQLiteStore(SQLStore):
     # SQLite before 3.32 allows only 999 bound values per statement (SQLITE_MAX_VARIABLE_NUMBER).
     ROWS_PER_INSERT = 500 if sqlite3.sqlite_version_info >= (3, 32, 0) else 60
     _db_errors = (sqlite3.Error,)
+    FINGERPRINT_PREFIX = "substr(fingerprint, 1, 8)"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().absolute()

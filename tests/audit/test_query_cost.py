@@ -1,0 +1,52 @@
+"""Item 5 of issue 26: ``audit query`` streams its output, ``--kid`` alone and ``--token`` (the
+fingerprint) are found through an index on schema 4, and the output is what it was for a short result."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from bench.audit_log import fill
+
+from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.stores.url import open_store
+from tests.fixtures.audit import cli
+
+EVENTS = 2_600
+
+
+def _plan(path: Path, where: str) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(f"EXPLAIN QUERY PLAN SELECT * FROM audit_events WHERE {where} ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return " | ".join(str(r[-1]) for r in rows)
+
+
+def test_query_streams_a_long_result_and_kid_and_token_use_an_index(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    url = f"sqlite://{path}"
+    fill(url, EVENTS, tx=500)
+    store = open_store(url)
+    try:
+        every = [r.event.to_json() for r in store.query(Query(kid="1a2b3c4d"))]
+        fp = every[100]["fingerprint"]
+        by_token = [r.event.to_json() for r in store.iter_query(Query(fingerprint=fp))]
+    finally:
+        store.close()
+    # --json: one array, written as it is read, the same text as before for the same events
+    res = cli("audit", "query", "--audit", url, "--kid", "1a2b3c4d", "--json")
+    assert res.code == 0, res.err
+    assert res.out == json.dumps(every, indent=2) + "\n" and len(every) == EVENTS
+    empty = cli("audit", "query", "--audit", url, "--kid", "ffffffff", "--json")
+    assert empty.code == 0 and empty.out == "[]\n"
+    # a table longer than one chunk prints as consecutive tables and says how many at the end
+    table = cli("audit", "query", "--audit", url, "--op", "seal")
+    assert table.code == 0 and "events 1-1000" in table.out and "events 1001-1300" in table.out
+    assert table.err.strip() == "mrtr-keys: 1300 event(s)"
+    # --token's fingerprint and --kid alone are looked up through indexes (schema 4), not a table scan
+    assert by_token and all(e["fingerprint"] == fp for e in by_token)
+    assert "audit_events_fp8" in _plan(path, f"substr(fingerprint, 1, 8) = '{fp[:8]}' AND +fingerprint = '{fp}'")
+    assert "audit_events_kid_op_time" in _plan(path, "kid = '1a2b3c4d'")
