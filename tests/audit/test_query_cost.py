@@ -7,6 +7,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
 from bench.audit_log import fill
 
 from mrtr_keys.audit.stores.base import Query
@@ -50,3 +51,23 @@ def test_query_streams_a_long_result_and_kid_and_token_use_an_index(tmp_path: Pa
     assert by_token and all(e["fingerprint"] == fp for e in by_token)
     assert "audit_events_fp8" in _plan(path, f"substr(fingerprint, 1, 8) = '{fp[:8]}' AND +fingerprint = '{fp}'")
     assert "audit_events_kid_op_time" in _plan(path, "kid = '1a2b3c4d'")
+
+
+def test_checkpoint_reads_only_what_was_added_since_the_last_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mrtr_keys.audit import checkpoint_since
+
+    monkeypatch.setattr(checkpoint_since, "OVERLAP", 0)  # the re-read margin, here none: exact counts
+    url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
+    fill(url, 3_000, tx=500)
+    first = json.loads(cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--json").out)
+    assert first["read_from"] == 0 and first["position"] == 3_000 and len(first["heads"]) == 3
+    fill(url, 1_000, tx=500, host="later-host")
+    second = json.loads(cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--json").out)
+    assert second["read_from"] == 3_000 and second["position"] == 4_000
+    full = json.loads(cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--full", "--json").out)
+    assert full["read_from"] == 0 and sorted(map(str, full["heads"])) == sorted(map(str, second["heads"]))
+    assert len(second["heads"]) == 5
+    doc = json.loads(cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--json").out)
+    assert doc["ok"] and doc["checkpoints_checked"] == 13

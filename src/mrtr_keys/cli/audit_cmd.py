@@ -292,15 +292,24 @@ def checkpoint(
             "[default: audit-checkpoints.jsonl in the state directory].",
         ),
     ] = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="Read the whole log, not only what was added since the last checkpoint.")
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail."""
-    from mrtr_keys.audit.chain import append_checkpoint, make_checkpoint
+    """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail; reads only
+    what was added since the last checkpoint in the file (--full: everything)."""
+    from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
+    from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
     from mrtr_keys.cli.output import print_json, print_line, print_table
 
     store = _open(audit, keystore_)
-    doc = make_checkpoint(store.records(), store_url=store.url, now=time.time())
     path = to or _default_checkpoints(keystore_)
+    try:
+        docs = [d for d in read_checkpoints(path) if d.get("store") == store.url]
+        doc = make_checkpoint_since(store, docs, now=time.time(), full=full)
+    finally:
+        store.close()
     append_checkpoint(path, doc)
     if json_:
         print_json({**doc, "written_to": str(path)})
