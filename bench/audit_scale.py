@@ -152,7 +152,12 @@ def run(services: Services, settings: Settings) -> list[Row]:
         )
         rows[-1].note = f"bare read {anchor:,.0f} rows/s; fill {fill_rate:,.0f} events/s; {seconds:.1f} s"
         rows.append(Row(PART, f"audit verify peak RSS, {label}", "MB", peak).decide(peak, "< 200 MB"))
-        rows.append(Row(PART, f"bytes per event, {label}", "B", size_mb * 2**20 / n, note=f"{size_mb:.0f} MB"))
+        per_event = size_mb * 2**20 / n
+        rows.append(
+            Row(PART, f"bytes per event, {label}", "B", per_event, note=f"{size_mb:.0f} MB").decide(
+                per_event, "<= 180 B"
+            )
+        )
         looks[n] = _lookups(url)
         for key, name in LOOKUPS.items():
             rows.append(Row(PART, f"{name}, {label}", "ms", looks[n][key] * 1000))

@@ -49,7 +49,8 @@ def test_query_streams_a_long_result_and_kid_and_token_use_an_index(tmp_path: Pa
     assert table.err.strip() == "mrtr-keys: 1300 event(s)"
     # --token's fingerprint and --kid alone are looked up through indexes (schema 4), not a table scan
     assert by_token and all(e["fingerprint"] == fp for e in by_token)
-    assert "audit_events_fp8" in _plan(path, f"substr(fingerprint, 1, 8) = '{fp[:8]}' AND +fingerprint = '{fp}'")
+    where = f"substr(fingerprint, 1, 4) = x'{fp[:8]}' AND +fingerprint = x'{fp}'"  # stored as 12 bytes
+    assert "audit_events_fp4" in _plan(path, where)
     assert "audit_events_kid_op_time" in _plan(path, "kid = '1a2b3c4d'")
 
 
@@ -71,3 +72,39 @@ def test_checkpoint_reads_only_what_was_added_since_the_last_one(
     assert len(second["heads"]) == 5
     doc = json.loads(cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--json").out)
     assert doc["ok"] and doc["checkpoints_checked"] == 13
+
+
+def test_narrow_sqlite_rows_read_back_exactly_what_was_written(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from mrtr_keys.audit.chain import ChainWriter
+    from mrtr_keys.audit.stores.base import record_row
+    from tests.fixtures.audit import known_events
+
+    url = f"sqlite://{tmp_path}/audit.db"
+    odd = [
+        replace(known_events(1)[0], time="2026-02-30T10:00:00.000000Z"),  # not a date: kept as text
+        replace(known_events(1)[0], time="2026-07-28T10:00:00Z", fingerprint="raw:Zz"),  # other spellings
+        replace(known_events(1)[0], time="1969-12-31T23:59:59.999999Z", instance=""),
+        *known_events(4),
+    ]
+    store = open_store(url)
+    try:
+        store.append_rows([record_row(r) for r in ChainWriter("odd-writer#1").link(odd)])
+        assert [r.event for r in store.records()] == odd
+        # filters compare stored values: a time window, an instance name, a fingerprint
+        assert [r.event for r in store.query(Query(since="2026-07-28T10:00:01.000000Z"))] == known_events(4)[1:]
+        assert [r.event for r in store.query(Query(instance=""))] == [odd[2]]
+        assert store.query(Query(instance="never-written")) == []
+        assert [r.event for r in store.query(Query(fingerprint="raw:Zz"))] == [odd[1]]
+        assert dict(store.stats("instance", Query()))[known_events(1)[0].instance] == 4
+    finally:
+        store.close()
+    doc = json.loads(cli("audit", "verify", "--audit", url, "--json").out)
+    assert doc["ok"] and doc["records"] == 7
+    # a name changed in the names table changes every row that names it: verify sees altered batches
+    from tests.fixtures.audit import sqlite_exec
+
+    sqlite_exec(url, "UPDATE audit_names SET name = 'someone-else' WHERE name = 'odd-writer#1'")
+    doc = json.loads(cli("audit", "verify", "--audit", url, "--json").out)
+    assert not doc["ok"] and doc["first_break"]["kind"] == "altered"

@@ -1,0 +1,156 @@
+"""SQLite schema 4: narrower rows, the same values read back (issue 26, item 5).
+
+What a row stores, column by column, and what every reader gets back (exactly the text written, so
+the hash chains verify unchanged):
+
+* ``time``: microseconds since the Unix epoch (an INTEGER, at most 8 bytes) when the text is the fixed
+  width form `mrtr_keys.audit.events.format_ts` writes (``2026-07-28T10:00:00.123456Z``, years 1970
+  to 9999) and reads back identically; any other text is stored as it is. Integers sort before text
+  in SQLite, so time windows compare integers with integers.
+* ``instance`` and ``writer``: an INTEGER naming a row of ``audit_names (id, name)``: a process's
+  names repeat on every row it writes (about 80 bytes a row before).
+* ``fingerprint``: the 12 bytes of the 24 lowercase hex characters (a BLOB); other text as it is.
+
+Nothing ``audit query`` shows is lost; ``audit verify`` reads the same values, so a changed name in
+``audit_names`` shows as an altered batch. The columns have no declared type (no affinity), so each
+value keeps the storage class it was written with.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time as _time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+TABLE = """CREATE TABLE audit_events_v4 (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time NOT NULL,
+    instance NOT NULL,
+    client TEXT,
+    audience TEXT,
+    kid TEXT,
+    op TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    fingerprint,
+    generation INTEGER,
+    duration_ms REAL,
+    writer NOT NULL,
+    seq INTEGER NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+)"""
+NAMES = "CREATE TABLE IF NOT EXISTS audit_names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)"
+INDEXES = (
+    "CREATE INDEX audit_events_time ON audit_events (time)",
+    "CREATE INDEX audit_events_kid_op_time ON audit_events (kid, op, time)",
+    "CREATE INDEX audit_events_fp4 ON audit_events (substr(fingerprint, 1, 4))",
+)
+"""``(kid, op, time)`` serves ``--kid`` alone and the rotation gates; ``query --token`` finds its rows
+through the first 4 bytes of the fingerprint (the full value is then compared)."""
+FINGERPRINT_PREFIX = "substr(fingerprint, 1, 4)"
+
+_CANONICAL = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})Z")
+_HEX24 = re.compile(r"[0-9a-f]{24}")
+_FIELDS_TIME, _FIELDS_INSTANCE, _FIELDS_FP, _FIELDS_WRITER = 0, 1, 8, 11  # in `SQL_COLUMNS`
+
+
+class Codec:
+    """Encodes rows for the narrow table and decodes them back; caches seconds and names."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, str] = {}
+        self.ids: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+
+    def _second_text(self, sec: int) -> str:
+        text = self._seconds.get(sec)
+        if text is None:
+            if len(self._seconds) > 4_096:
+                self._seconds.clear()
+            text = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
+            self._seconds[sec] = text
+        return text
+
+    def encode_time(self, text: object) -> object:
+        """Microseconds (int) for a canonical time that reads back identically, else the value."""
+        if not isinstance(text, str):
+            return text
+        m = _CANONICAL.fullmatch(text)
+        if m is None or not "1970" <= m[1] <= "9999":
+            return text
+        try:
+            sec = calendar.timegm((int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), 0, 0, 0))
+        except (ValueError, OverflowError):
+            return text
+        if self._second_text(sec) != text[:19]:  # 2026-02-30, 24:00:00, leap seconds: kept as text
+            return text
+        return sec * 1_000_000 + int(m[7])
+
+    def decode_time(self, value: object) -> object:
+        if not isinstance(value, int):
+            return value
+        sec, micro = divmod(value, 1_000_000)
+        return f"{self._second_text(sec)}.{micro:06d}Z"
+
+    @staticmethod
+    def encode_fingerprint(value: object) -> object:
+        if isinstance(value, str) and _HEX24.fullmatch(value):
+            return bytes.fromhex(value)
+        return value
+
+    @staticmethod
+    def decode_fingerprint(value: object) -> object:
+        return value.hex() if isinstance(value, bytes) else value
+
+    def name(self, ident: object, reload: Callable[[], dict[int, str]]) -> object:
+        """The name of id `ident` (reloading the table once on a miss; an unknown id reads back
+        as ``?ID``, which no hash matches: verify reports the batch altered)."""
+        if not isinstance(ident, int):
+            return ident
+        found = self.names.get(ident)
+        if found is None:
+            self.learn(reload())
+            found = self.names.get(ident, f"?{ident}")
+        return found
+
+    def learn(self, names: dict[int, str]) -> None:
+        self.names.update(names)
+        self.ids.update({n: i for i, n in names.items()})
+
+    def encode_rows(self, rows: Sequence[Sequence[Any]], name_id: Callable[[str], int]) -> list[tuple[Any, ...]]:
+        """Rows in `SQL_COLUMNS` order -> narrow rows (`name_id` gives, or makes, a name's id)."""
+        ids = self.ids
+        out = []
+        for r in rows:
+            row = list(r)
+            row[_FIELDS_TIME] = self.encode_time(r[_FIELDS_TIME])
+            for col in (_FIELDS_INSTANCE, _FIELDS_WRITER):
+                v = r[col]
+                i = ids.get(v)
+                row[col] = name_id(v) if i is None else i
+            row[_FIELDS_FP] = self.encode_fingerprint(r[_FIELDS_FP])
+            out.append(tuple(row))
+        return out
+
+    def decode_rows(self, rows: Sequence[Sequence[Any]], reload: Callable[[], dict[int, str]]) -> list[tuple[Any, ...]]:
+        """Raw rows (position, then narrow `SQL_COLUMNS` values) -> the values as written."""
+        names = self.names
+        out = []
+        for r in rows:
+            row = list(r)
+            t = r[1 + _FIELDS_TIME]
+            if isinstance(t, int):
+                sec, micro = divmod(t, 1_000_000)
+                row[1 + _FIELDS_TIME] = f"{self._second_text(sec)}.{micro:06d}Z"
+            for col in (1 + _FIELDS_INSTANCE, 1 + _FIELDS_WRITER):
+                v = r[col]
+                n = names.get(v)
+                row[col] = self.name(v, reload) if n is None else n
+            fp = r[1 + _FIELDS_FP]
+            if isinstance(fp, bytes):
+                row[1 + _FIELDS_FP] = fp.hex()
+            out.append(tuple(row))
+        return out
