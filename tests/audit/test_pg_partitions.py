@@ -142,5 +142,10 @@ def test_migrate_partitions_a_schema_3_store_keeping_every_event(postgres_url: s
     fill(postgres_url, 1_000, tx=500, host="after-migrate", span=DAY)
     doc = json.loads(cli("audit", "verify", "--audit", postgres_url, "--checkpoints", str(cps), "--json").out)
     assert doc["ok"] and doc["records"] == 5_000 and doc["chains"] == 5 and doc["checkpoints_checked"] == 3
+    # audit query streams through a server-side cursor: every seal, in storage order, across partitions
+    seals = json.loads(cli("audit", "query", "--audit", postgres_url, "--op", "seal", "--json").out)
+    with psycopg.connect(postgres_url) as conn:
+        stored = [r[0] for r in conn.execute("SELECT time FROM audit_events WHERE op = 'seal' ORDER BY id")]
+    assert len(seals) == 2_500 and [e["time"] for e in seals] == stored
     again = cli("audit", "migrate", "--audit", postgres_url)
     assert again.code != 0 and again.err.count("\n") == 1 and "already at schema version 4" in again.err
