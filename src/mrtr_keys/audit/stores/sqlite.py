@@ -113,7 +113,15 @@ class SQLiteStore(SQLStore):
         if not self._narrow():
             return rows
         self._pending = {}
-        return self._codec.encode_rows(rows, lambda name: self._name_id(cur, name, self._pending.update))
+        made: dict[str, int] = {}  # names new to this process, once each per transaction
+
+        def name_id(name: str) -> int:
+            ident = made.get(name)
+            if ident is None:
+                ident = made[name] = self._name_id(cur, name, self._pending.update)
+            return ident
+
+        return self._codec.encode_rows(rows, name_id)
 
     def _appended(self) -> None:
         if self._pending:
