@@ -44,7 +44,7 @@ V1_DDL = (
 )
 V2_INDEXES = {"audit_events_time", "audit_events_op_kid_time"}
 V4_INDEXES = {
-    "sqlite": {"audit_events_time", "audit_events_kid_op_time", "audit_events_fp4"},
+    "sqlite": {"audit_events_time", "audit_events_kid_op_time", "audit_events_kid", "audit_events_fp4"},
     "postgresql": {"audit_events_time", "audit_events_kid_op_time", "audit_events_fingerprint"},
 }
 

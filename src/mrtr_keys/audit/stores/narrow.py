@@ -46,10 +46,13 @@ NAMES = "CREATE TABLE IF NOT EXISTS audit_names (id INTEGER PRIMARY KEY, name TE
 INDEXES = (
     "CREATE INDEX audit_events_time ON audit_events (time)",
     "CREATE INDEX audit_events_kid_op_time ON audit_events (kid, op, time)",
+    "CREATE INDEX audit_events_kid ON audit_events (kid)",
     "CREATE INDEX audit_events_fp4 ON audit_events (substr(fingerprint, 1, 4))",
 )
-"""``(kid, op, time)`` serves ``--kid`` alone and the rotation gates; ``query --token`` finds its rows
-through the first 4 bytes of the fingerprint (the full value is then compared)."""
+"""``(kid, op, time)`` serves the rotation gates (a kid's seals in a window) and ``--kid --op``; ``(kid)``
+(that is, kid then storage position) serves ``--kid`` alone in storage order, newest first with
+``--limit`` at the cost of N rows however common the kid; ``query --token`` finds its rows through the
+first 4 bytes of the fingerprint (the full value is then compared)."""
 FINGERPRINT_PREFIX = "substr(fingerprint, 1, 4)"
 
 _CANONICAL = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})Z")
