@@ -108,3 +108,37 @@ def test_narrow_sqlite_rows_read_back_exactly_what_was_written(tmp_path: Path) -
     sqlite_exec(url, "UPDATE audit_names SET name = 'someone-else' WHERE name = 'odd-writer#1'")
     doc = json.loads(cli("audit", "verify", "--audit", url, "--json").out)
     assert not doc["ok"] and doc["first_break"]["kind"] == "altered"
+
+
+def test_a_writer_open_across_audit_migrate_keeps_writing_and_counting(tmp_path: Path) -> None:
+    from mrtr_keys.audit.chain import ChainWriter
+    from mrtr_keys.audit.stores.base import SQL_MIGRATIONS, record_row, stored_prefix
+    from tests.fixtures.audit import known_events
+
+    path = tmp_path / "audit.db"
+    conn = sqlite3.connect(path)
+    with conn:  # the file as mrtr-keys wrote it before schema 4
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for version in (1, 2, 3):
+            for stmt in SQL_MIGRATIONS[version]:
+                conn.execute(stmt.format(autoinc="INTEGER PRIMARY KEY AUTOINCREMENT"))
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+    conn.close()
+    url = f"sqlite://{path}"
+    store = open_store(url)  # a long-running writer: opened at schema 3
+    chain = ChainWriter("writer:1:20260728T095959.000000Z#1")
+    try:
+        store.append_rows([record_row(r) for r in chain.link(known_events(6)[:3])])
+        res = cli("audit", "migrate", "--audit", url)
+        assert res.code == 0 and "from schema 3 to 4: 3 event(s) kept" in res.out, res.err
+        later = [record_row(r) for r in chain.link(known_events(6)[3:])]
+        store.append_rows(later)
+        assert stored_prefix(store, later) == 3  # the gray-failure count sees the migrated layout
+        assert [r.event for r in store.records()] == known_events(6)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    assert {type(t) for (t,) in conn.execute("SELECT time FROM audit_events")} == {int}  # all narrow
+    conn.close()
+    doc = json.loads(cli("audit", "verify", "--audit", url, "--json").out)
+    assert doc["ok"] and doc["records"] == 6

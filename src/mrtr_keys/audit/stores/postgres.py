@@ -67,6 +67,7 @@ class PostgresStore(SQLStore):
         self._seen: set[str] = set()  # ``YYYY-MM-DD`` prefixes of appended times already handled
         self._today = -1
         self._days_read = -RECHECK_PARTITIONS_S
+        self._version_read = time.monotonic()
         try:
             import psycopg
         except ImportError:
@@ -87,6 +88,9 @@ class PostgresStore(SQLStore):
         far cheaper per row than ``INSERT``)."""
         if not rows:
             return
+        if self.version < SCHEMA_VERSION and time.monotonic() - self._version_read >= RECHECK_PARTITIONS_S:
+            self._version_read = time.monotonic()  # migrated since this process opened the store?
+            self.version = self.schema_version()
         if self.version >= SCHEMA_VERSION:
             self.ensure_partitions(str(r[_TIME_COLUMN]) for r in rows)
         with self._transaction("write to") as cur:

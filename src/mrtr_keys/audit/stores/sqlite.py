@@ -110,6 +110,8 @@ class SQLiteStore(SQLStore):
         return self.version >= SCHEMA_VERSION
 
     def _encode_rows(self, cur: Any, rows: Any) -> Any:
+        if self.version < SCHEMA_VERSION:  # migrated by `audit migrate` since this process opened it?
+            self.version = self._current_version(cur)
         if not self._narrow():
             return rows
         self._pending = {}
@@ -166,6 +168,13 @@ class SQLiteStore(SQLStore):
                 self._codec.learn(self._names())
             return self._codec.ids.get(value, -1)  # a name never written matches nothing
         return value
+
+    def chain_length(self, writer: str, since: str) -> int:
+        """`AuditStore.chain_length`, in the layout the file has now (a writer that opened it before
+        ``audit migrate`` asks this after a failed append: its answer must count the migrated rows)."""
+        if self.version < SCHEMA_VERSION:
+            self.version = int(self._fetch("SELECT MAX(version) FROM schema_version", [])[0][0] or 0)
+        return super().chain_length(writer, since)
 
     def _stat_key(self, by: str, key: Any) -> Any:
         return self._codec.name(key, self._names) if by == "instance" and self._narrow() else key
