@@ -9,6 +9,8 @@ process (wall time; peak RSS from ``wait4``):
   (target flat: <= 1.2x);
 * ``audit prune --before 30d`` (a quarter of the events): events deleted/s, then verify again;
 * bytes per event (the store file, indexes included);
+* ``mrtr-keys rotate retire`` refused by its gate (a ring beside the log, begun and promoted: CLI
+  start-up, presence rows and the sealing query);
 * lookups that must stay flat as the log grows (schema 4 indexes): the retire gate's query (the newest
   ``ok`` seal of a kid within the TTL; `mrtr_keys.fleet.gates.sealing_wait`), ``audit query --kid K
   --limit 20`` and ``--kid`` of a rare kid (CLI child, start-up included), and ``--token`` (the
@@ -37,8 +39,9 @@ PART = "audit_scale"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args: str) -> tuple[dict[str, object], float, int]:
-    """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process."""
+def _cli(*args: str, codes: tuple[int, ...] = (0, 1)) -> tuple[dict[str, object], float, int]:
+    """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process (exit code
+    in `codes`)."""
     code = "import sys\nfrom mrtr_keys.cli.main import run\nsys.argv = ['mrtr-keys', *sys.argv[1:]]\nrun()\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -50,7 +53,7 @@ def _cli(*args: str) -> tuple[dict[str, object], float, int]:
         out.seek(0)
         err.seek(0)
         text = out.read().decode()
-        if proc.returncode not in (0, 1):
+        if proc.returncode not in codes:
             raise RuntimeError(f"mrtr-keys {' '.join(args)}: {err.read().decode().strip()}")
     return json.loads(text), elapsed, usage.ru_maxrss // 1024
 
@@ -104,12 +107,23 @@ def _lookups(url: str) -> dict[str, float]:
     return out
 
 
+def _retire_gate(directory: Path) -> float:
+    """Seconds of ``mrtr-keys rotate retire --json`` refused (exit 75: promote + TTL not yet passed)
+    on a ring whose audit store is the filled log (``audit.db`` beside it), best of 2: the whole
+    gate, presence rows and the sealing query included, and the CLI's start-up."""
+    ring = str(directory / "keyring.json")
+    for step in (("init",), ("rotate", "begin"), ("rotate", "promote")):
+        _cli(*step, "--keystore", ring, "--json", codes=(0,))
+    return min(_cli("rotate", "retire", "--keystore", ring, "--json", codes=(75,))[1] for _ in range(2))
+
+
 def _cli_seconds(*args: str) -> float:
     _, seconds, _ = _cli(*args)
     return seconds
 
 
 LOOKUPS = {
+    "retire": "rotate retire (refused, CLI)",
     "gate": "rotate retire gate query (kid sealing)",
     "gate_quiet": "rotate retire gate query (kid quiet)",
     "token": "audit query --token (fingerprint lookup)",
@@ -158,7 +172,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
                 per_event, "<= 180 B"
             )
         )
-        looks[n] = _lookups(url)
+        looks[n] = {**_lookups(url), "retire": _retire_gate(directory)}
         for key, name in LOOKUPS.items():
             rows.append(Row(PART, f"{name}, {label}", "ms", looks[n][key] * 1000))
         res, pseconds, ppeak = _cli("audit", "prune", "--before", "30d", "--audit", url, "--to", cps, "--json")
@@ -171,7 +185,12 @@ def run(services: Services, settings: Settings) -> list[Row]:
         if not after.get("ok"):
             raise RuntimeError(f"verify after prune failed: {after.get('first_break')}")
         db.unlink()
-        for extra in directory.glob("audit.db-*"):
+        for extra in [
+            *directory.glob("audit.db-*"),
+            *directory.glob("keyring.json*"),
+            *directory.glob("audit-*"),
+            *directory.glob("audit.key"),
+        ]:
             extra.unlink()
     if len(looks) >= 2:
         small, large = min(looks), max(looks)

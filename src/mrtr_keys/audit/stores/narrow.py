@@ -57,6 +57,8 @@ FINGERPRINT_PREFIX = "substr(fingerprint, 1, 4)"
 
 _CANONICAL = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})Z")
 _HEX24 = re.compile(r"[0-9a-f]{24}")
+_MM_SS = [f"{m:02d}:{s:02d}" for m in range(60) for s in range(60)]
+"""``MM:SS`` of each second of an hour (decoding a time is then two lookups and one format)."""
 _FIELDS_TIME, _FIELDS_INSTANCE, _FIELDS_FP, _FIELDS_WRITER = 0, 1, 8, 11  # in `SQL_COLUMNS`
 
 
@@ -65,6 +67,7 @@ class Codec:
 
     def __init__(self) -> None:
         self._seconds: dict[int, str] = {}
+        self._hours: dict[int, str] = {}
         self.ids: dict[str, int] = {}
         self.names: dict[int, str] = {}
 
@@ -75,6 +78,13 @@ class Codec:
                 self._seconds.clear()
             text = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
             self._seconds[sec] = text
+        return text
+
+    def _hour_text(self, hour: int) -> str:
+        """``YYYY-MM-DDTHH:`` of an hour since the epoch (cached)."""
+        if len(self._hours) > 4_096:
+            self._hours.clear()
+        text = self._hours[hour] = _time.strftime("%Y-%m-%dT%H:", _time.gmtime(hour * 3_600))
         return text
 
     def encode_time(self, text: object) -> object:
@@ -139,21 +149,39 @@ class Codec:
         return out
 
     def decode_rows(self, rows: Sequence[Sequence[Any]], reload: Callable[[], dict[int, str]]) -> list[tuple[Any, ...]]:
-        """Raw rows (position, then narrow `SQL_COLUMNS` values) -> the values as written."""
+        """Raw rows (position, then narrow `SQL_COLUMNS` values) -> the values as written (the hot
+        loop of ``verify``: one tuple built a row, the text of each second made once)."""
         names = self.names
-        out = []
-        for r in rows:
-            row = list(r)
-            t = r[1 + _FIELDS_TIME]
-            if isinstance(t, int):
-                sec, micro = divmod(t, 1_000_000)
-                row[1 + _FIELDS_TIME] = f"{self._second_text(sec)}.{micro:06d}Z"
-            for col in (1 + _FIELDS_INSTANCE, 1 + _FIELDS_WRITER):
-                v = r[col]
-                n = names.get(v)
-                row[col] = self.name(v, reload) if n is None else n
-            fp = r[1 + _FIELDS_FP]
-            if isinstance(fp, bytes):
-                row[1 + _FIELDS_FP] = fp.hex()
-            out.append(tuple(row))
+        hours = self._hours
+        hour_text = self._hour_text
+        out: list[tuple[Any, ...]] = []
+        append = out.append
+        for pos, t, inst, client, aud, kid, op, outcome, reason, fp, gen, dur, writer, seq, prev, h in rows:
+            if t.__class__ is int:
+                sec = t // 1_000_000
+                hour = sec // 3_600
+                prefix = hours.get(hour) or hour_text(hour)
+                t = f"{prefix}{_MM_SS[sec - hour * 3_600]}.{t - sec * 1_000_000:06d}Z"
+            i = names.get(inst)
+            w = names.get(writer)
+            append(
+                (
+                    pos,
+                    t,
+                    self.name(inst, reload) if i is None else i,
+                    client,
+                    aud,
+                    kid,
+                    op,
+                    outcome,
+                    reason,
+                    fp.hex() if fp.__class__ is bytes else fp,
+                    gen,
+                    dur,
+                    self.name(writer, reload) if w is None else w,
+                    seq,
+                    prev,
+                    h,
+                )
+            )
         return out
