@@ -55,7 +55,7 @@ INDEXES = (
 first 4 bytes of the fingerprint (the full value is then compared)."""
 FINGERPRINT_PREFIX = "substr(fingerprint, 1, 4)"
 
-_CANONICAL = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})Z")
+_CANONICAL = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:)(\d{2}):(\d{2})\.(\d{6})Z", re.ASCII)
 _HEX24 = re.compile(r"[0-9a-f]{24}")
 _MM_SS = [f"{m:02d}:{s:02d}" for m in range(60) for s in range(60)]
 """``MM:SS`` of each second of an hour (decoding a time is then two lookups and one format)."""
@@ -68,6 +68,7 @@ class Codec:
     def __init__(self) -> None:
         self._seconds: dict[int, str] = {}
         self._hours: dict[int, str] = {}
+        self._hour_starts: dict[str, int] = {}
         self.ids: dict[str, int] = {}
         self.names: dict[int, str] = {}
 
@@ -89,18 +90,35 @@ class Codec:
 
     def encode_time(self, text: object) -> object:
         """Microseconds (int) for a canonical time that reads back identically, else the value."""
-        if not isinstance(text, str):
+        if text.__class__ is not str:
             return text
-        m = _CANONICAL.fullmatch(text)
-        if m is None or not "1970" <= m[1] <= "9999":
+        m = _CANONICAL.fullmatch(text)  # type: ignore[arg-type]
+        if m is None:
             return text
+        base = self._hour_starts.get(m[1])
+        if base is None:
+            base = self._hour_start(m[1])
+        minute, second = int(m[2]), int(m[3])
+        if base < 0 or minute > 59 or second > 59:  # 2026-02-30, 24:00, leap seconds: kept as text
+            return text
+        return (base + minute * 60 + second) * 1_000_000 + int(m[4])
+
+    def _hour_start(self, prefix: str) -> int:
+        """Unix seconds of ``YYYY-MM-DDTHH:`` if that is a real hour of 1970..9999 that prints back
+        the same, else -1 (cached)."""
+        start = -1
         try:
-            sec = calendar.timegm((int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6]), 0, 0, 0))
+            y, mo, d, h = int(prefix[0:4]), int(prefix[5:7]), int(prefix[8:10]), int(prefix[11:13])
+            if 1970 <= y:
+                candidate = calendar.timegm((y, mo, d, h, 0, 0, 0, 0, 0))
+                if self._hour_text(candidate // 3_600) == prefix:
+                    start = candidate
         except (ValueError, OverflowError):
-            return text
-        if self._second_text(sec) != text[:19]:  # 2026-02-30, 24:00:00, leap seconds: kept as text
-            return text
-        return sec * 1_000_000 + int(m[7])
+            pass
+        if len(self._hour_starts) > 4_096:
+            self._hour_starts.clear()
+        self._hour_starts[prefix] = start
+        return start
 
     def decode_time(self, value: object) -> object:
         if not isinstance(value, int):
