@@ -12,7 +12,14 @@ process (wall time; peak RSS from ``wait4``):
   manifest written, from the command's ``write_records_per_second``; target >= 200,000 events/s) and
   the whole command's rate (verifying walk + export + prune); then ``verify`` and ``verify
   --from-archive`` (archive and live store as one history) events/s;
-* bytes per event (the store file, indexes included).
+* bytes per event (the store file, indexes included; target <= 180 B);
+* ``mrtr-keys rotate retire`` refused by its gate (a ring beside the log, begun and promoted: CLI
+  start-up, presence rows and the sealing query);
+* lookups that must stay flat as the log grows (schema 4 indexes): the retire gate's query (the newest
+  ``ok`` seal of a kid within the TTL; `mrtr_keys.fleet.gates.sealing_wait`), ``audit query --kid K
+  --limit 20`` and ``--kid`` of a rare kid (CLI child, start-up included), and ``--token`` (the
+  fingerprint lookup, in process: the bench's audit key is not beside a ring). Target: within 2x
+  for 5x the events.
 
 Sizes: ``MRTR_KEYS_BENCH_AUDIT_SIZES`` (default ``1000000,5000000``; ``--quick``: 10 000 and 40 000).
 """
@@ -37,8 +44,9 @@ PART = "audit_scale"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args: str) -> tuple[dict[str, object], float, int]:
-    """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process."""
+def _cli(*args: str, codes: tuple[int, ...] = (0, 1)) -> tuple[dict[str, object], float, int]:
+    """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process (exit code
+    in `codes`)."""
     code = "import sys\nfrom mrtr_keys.cli.main import run\nsys.argv = ['mrtr-keys', *sys.argv[1:]]\nrun()\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -50,7 +58,7 @@ def _cli(*args: str) -> tuple[dict[str, object], float, int]:
         out.seek(0)
         err.seek(0)
         text = out.read().decode()
-        if proc.returncode not in (0, 1):
+        if proc.returncode not in codes:
             raise RuntimeError(f"mrtr-keys {' '.join(args)}: {err.read().decode().strip()}")
     return json.loads(text), elapsed, usage.ru_maxrss // 1024
 
@@ -67,6 +75,68 @@ def _bare_read(url: str) -> float:
     return n / elapsed
 
 
+def _timed(fn: object) -> float:
+    started = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - started
+
+
+def _lookups(url: str) -> dict[str, float]:
+    """Seconds of each lookup (best of 3, warm) on the store at `url`."""
+    from mrtr_keys.audit.events import format_ts
+    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.stores.url import open_store
+
+    store = open_store(url)
+    try:
+        fp = "f" * 24  # a token the log has not seen: the lookup itself (the fill reuses 32 tokens)
+        gate = Query(
+            op="seal", kid="1a2b3c4d", outcome="ok", since=format_ts(time.time() - 3_660), newest_first=True, limit=1
+        )
+        old_gate = Query(
+            op="seal", kid="0ld0k1d0", outcome="ok", since=format_ts(time.time() - 3_660), newest_first=True, limit=1
+        )
+        out = {
+            "gate": min(_timed(lambda: store.query(gate)) for _ in range(3)),
+            "gate_quiet": min(_timed(lambda: store.query(old_gate)) for _ in range(3)),
+            "token": min(_timed(lambda: list(store.iter_query(Query(fingerprint=fp)))) for _ in range(3)),
+        }
+    finally:
+        store.close()
+    out["kid_limit"] = min(
+        _cli_seconds("audit", "query", "--audit", url, "--kid", "1a2b3c4d", "--limit", "20", "--json") for _ in range(2)
+    )
+    out["kid_rare"] = min(
+        _cli_seconds("audit", "query", "--audit", url, "--kid", "0ld0k1d0", "--json") for _ in range(2)
+    )
+    return out
+
+
+def _retire_gate(directory: Path) -> float:
+    """Seconds of ``mrtr-keys rotate retire --json`` refused (exit 75: promote + TTL not yet passed)
+    on a ring whose audit store is the filled log (``audit.db`` beside it), best of 2: the whole
+    gate, presence rows and the sealing query included, and the CLI's start-up."""
+    ring = str(directory / "keyring.json")
+    for step in (("init",), ("rotate", "begin"), ("rotate", "promote")):
+        _cli(*step, "--keystore", ring, "--json", codes=(0,))
+    return min(_cli("rotate", "retire", "--keystore", ring, "--json", codes=(75,))[1] for _ in range(2))
+
+
+def _cli_seconds(*args: str) -> float:
+    _, seconds, _ = _cli(*args)
+    return seconds
+
+
+LOOKUPS = {
+    "retire": "rotate retire (refused, CLI)",
+    "gate": "rotate retire gate query (kid sealing)",
+    "gate_quiet": "rotate retire gate query (kid quiet)",
+    "token": "audit query --token (fingerprint lookup)",
+    "kid_limit": "audit query --kid K --limit 20 (CLI)",
+    "kid_rare": "audit query --kid RARE (CLI)",
+}
+
+
 def run(services: Services, settings: Settings) -> list[Row]:
     env_sizes = os.environ.get("MRTR_KEYS_BENCH_AUDIT_SIZES")
     sizes = (
@@ -76,6 +146,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     )
     rows: list[Row] = []
     rss: dict[int, int] = {}
+    looks: dict[int, dict[str, float]] = {}
     for n in sizes:
         directory = services.workdir / f"audit-scale-{n}"
         directory.mkdir(exist_ok=True)
@@ -100,7 +171,15 @@ def run(services: Services, settings: Settings) -> list[Row]:
         )
         rows[-1].note = f"bare read {anchor:,.0f} rows/s; fill {fill_rate:,.0f} events/s; {seconds:.1f} s"
         rows.append(Row(PART, f"audit verify peak RSS, {label}", "MB", peak).decide(peak, "< 200 MB"))
-        rows.append(Row(PART, f"bytes per event, {label}", "B", size_mb * 2**20 / n, note=f"{size_mb:.0f} MB"))
+        per_event = size_mb * 2**20 / n
+        rows.append(
+            Row(PART, f"bytes per event, {label}", "B", per_event, note=f"{size_mb:.0f} MB").decide(
+                per_event, "<= 180 B"
+            )
+        )
+        looks[n] = {**_lookups(url), "retire": _retire_gate(directory)}
+        for key, name in LOOKUPS.items():
+            rows.append(Row(PART, f"{name}, {label}", "ms", looks[n][key] * 1000))
         res, pseconds, ppeak = _cli("audit", "prune", "--before", "35d", "--audit", url, "--to", cps, "--json")
         deleted = int(res["deleted"])  # type: ignore[call-overload]
         rows.append(
@@ -140,8 +219,22 @@ def run(services: Services, settings: Settings) -> list[Row]:
         )  # fmt: skip
         shutil.rmtree(archive_dir, ignore_errors=True)
         db.unlink()
-        for extra in directory.glob("audit.db-*"):
+        for extra in [
+            *directory.glob("audit.db-*"),
+            *directory.glob("keyring.json*"),
+            *directory.glob("audit-*"),
+            *directory.glob("audit.key"),
+        ]:
             extra.unlink()
+    if len(looks) >= 2:
+        small, large = min(looks), max(looks)
+        for key, name in LOOKUPS.items():
+            growth = looks[large][key] / max(looks[small][key], 1e-6)
+            rows.append(
+                Row(PART, f"{name} growth, {large // small}x the events", "x", growth, ratio=growth).decide(
+                    growth, "<= 2x"
+                )
+            )
     if len(rss) >= 2:
         small, large = min(rss), max(rss)
         growth = rss[large] / rss[small]

@@ -1,4 +1,6 @@
-"""A schema v1 store (as the first release created it) opens, migrates to the current schema and still verifies."""
+"""A schema v1 store (as the first release created it) opens, migrates to schema 3 (the last step taken on
+open) and still verifies; ``mrtr-keys audit migrate`` then takes it to schema 4 once, keeping every event
+(the block of docs/audit.md, "Migrating an existing store to schema 4", run as written: here with --audit)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from mrtr_keys.audit.chain import ChainWriter
 from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS, record_row
+from mrtr_keys.audit.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_COLUMNS, record_row
 from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli, insert, known_events
 
@@ -41,6 +43,10 @@ V1_DDL = (
     "INSERT INTO schema_version (version) VALUES (1)",
 )
 V2_INDEXES = {"audit_events_time", "audit_events_op_kid_time"}
+V4_INDEXES = {
+    "sqlite": {"audit_events_time", "audit_events_kid_op_time", "audit_events_kid", "audit_events_fp4"},
+    "postgresql": {"audit_events_time", "audit_events_kid_op_time", "audit_events_fingerprint"},
+}
 
 
 def _v1_rows() -> list[tuple[object, ...]]:
@@ -54,7 +60,7 @@ def _insert_sql(param: str) -> str:
 def _check_migrated(url: str, indexes: Callable[[], set[str]], make_sink: Callable[..., AuditSink]) -> None:
     store: Any = open_store(url)  # migrates
     try:
-        assert store.schema_version() == SCHEMA_VERSION == 3
+        assert store.schema_version() == AUTO_SCHEMA == 3
         assert store.instances() == []  # v3: the presence table exists, empty
         assert {i for i in indexes() if i.startswith("audit_events_")} - {"audit_events_pkey"} == V2_INDEXES
         assert [r.event for r in store.records()] == known_events(6)
@@ -73,8 +79,26 @@ def _check_migrated(url: str, indexes: Callable[[], set[str]], make_sink: Callab
     try:
         assert again.schema_version() == 3
         assert again.count() == 9
+        before = [r.to_json() for r in again.records()]
     finally:
         again.close()
+    # `audit migrate` takes it to schema 4 once, every event kept in its place; verify passes across it
+    res = cli("audit", "migrate", "--audit", url)
+    assert res.code == 0, res.err
+    assert res.out.startswith("migrated ") and "from schema 3 to 4: 9 event(s) kept" in res.out
+    migrated: Any = open_store(url)
+    try:
+        assert migrated.schema_version() == SCHEMA_VERSION == 4
+        assert [r.to_json() for r in migrated.records()] == before
+        assert {i for i in indexes() if i.startswith("audit_events_")} >= V4_INDEXES[url.partition(":")[0]]
+        assert "audit_events_op_kid_time" not in indexes()
+    finally:
+        migrated.close()
+    res = cli("audit", "migrate", "--audit", url)
+    assert res.code == 2 and "already at schema version 4: nothing to migrate" in res.err
+    insert(make_sink(url), known_events(2))
+    report = cli("audit", "verify", "--json", "--audit", url).json()
+    assert report["ok"] is True and report["records"] == 11 and report["chains"] == 3
 
 
 def test_sqlite_v1_store_migrates_on_open(tmp_path: Path, make_sink: Callable[..., AuditSink]) -> None:

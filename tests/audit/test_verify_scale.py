@@ -71,8 +71,9 @@ def test_verify_memory_does_not_grow_with_the_log(logs: dict[int, str], tmp_path
     assert large_rss <= small_rss * 1.2, (small_rss, large_rss)
 
 
-def test_out_of_memory_is_one_line_and_verify_fits_where_query_does_not(logs: dict[int, str]) -> None:
-    code, out, err, _ = _run("audit", "query", "--json", "--audit", logs[LARGE], limit_mb=100)
+def test_out_of_memory_is_one_line_and_verify_and_a_streamed_query_fit(logs: dict[int, str]) -> None:
+    # the newest N (--limit) are collected to be printed oldest first: asking for all of them does not fit
+    code, out, err, _ = _run("audit", "query", "--json", "--limit", str(LARGE), "--audit", logs[LARGE], limit_mb=100)
     assert code == 1 and out == ""
     assert err.startswith("mrtr-keys: out of memory:") and len(err.strip().splitlines()) == 1, err
     assert "internal error" not in err
@@ -81,3 +82,7 @@ def test_out_of_memory_is_one_line_and_verify_fits_where_query_does_not(logs: di
     )
     assert code == 0, err
     assert json.loads(out)["records"] == LARGE
+    # without --limit, query streams: every event printed under the same cap
+    code, out, err, _ = _run("audit", "query", "--json", "--audit", logs[LARGE], limit_mb=100)
+    assert code == 0, err
+    assert len(json.loads(out)) == LARGE

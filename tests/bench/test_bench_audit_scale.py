@@ -1,7 +1,7 @@
 """Smoke run of the benchmark's audit_scale part (``python -m bench audit_scale --quick``): a genuine log
-filled, verified, pruned, archived and verified again (also from the archive) by the CLI, at two sizes, and
-every row printed. No timing is asserted (the 1 M / 5 M figures are measured by ``make bench``); a failed
-verify would fail the part."""
+filled, verified, looked up (gate, --kid, --token), pruned, archived and verified again (also from the
+archive) by the CLI, at two sizes, and every row printed. No timing is asserted (the 1 M / 5 M figures are
+measured by ``make bench``); a failed verify would fail the part."""
 
 from __future__ import annotations
 
@@ -24,5 +24,8 @@ def test_audit_scale_part_prints_every_row(tmp_path: Path) -> None:
             "audit verify --from-archive",
         ):
             assert f"{name}, {n} events" in rows, proc.stdout
+        for name in ("rotate retire gate query (kid sealing)", "audit query --token (fingerprint lookup)"):
+            assert f"{name}, {n} events" in rows, proc.stdout
     assert "verify RSS growth, 4x the events" in rows
+    assert "audit query --kid K --limit 20 (CLI) growth, 4x the events" in rows
     assert "(part failed)" not in proc.stdout

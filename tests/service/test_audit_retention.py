@@ -16,13 +16,16 @@ from typing import Any
 from bench.audit_log import fill
 
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.stores.narrow import Codec
 from tests.fixtures.audit import cli
 
 
 def _count_since(db: Path, since: str) -> int:
+    """Events at or after `since` (schema 4 stores a time as integer microseconds: `narrow.Codec`)."""
     conn = sqlite3.connect(db)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM audit_events WHERE time >= ?", (since,)).fetchone()[0])
+        bound = Codec().encode_time(since)
+        return int(conn.execute("SELECT COUNT(*) FROM audit_events WHERE time >= ?", (bound,)).fetchone()[0])
     finally:
         conn.close()
 

@@ -10,9 +10,13 @@
    deleted: ``verify`` then starts each chain after its cut, so a later deletion that is not a
    prune is still a gap, and an edit, insertion or reordering of the kept records still breaks
    their links.
-3. **Delete in bounded batches.** Pages of `DELETE_PAGE` records in storage order, each deleted in one
-   short transaction (a range when the whole page goes, else by id), so writers are never held
-   up for long. Records at or before a cut left by an interrupted prune are deleted too.
+3. **Drop whole partitions.** On PostgreSQL (schema 4, partitioned by day) a day partition that ends
+   before `T` and holds nothing after a chain's cut is dropped at once
+   (`mrtr_keys.audit.stores.postgres.PostgresStore.drop_partitions`): no row-by-row delete, no
+   vacuum debt.
+4. **Delete in bounded batches** what remains before the cuts: pages of `DELETE_PAGE` records in
+   storage order, each deleted in one short transaction (a range when the whole page goes, else by
+   id), so writers are never held up for long. Records at or before a cut left by an interrupted prune are deleted too.
 
 SQLite and PostgreSQL stores; a JSON-lines log is rotated by its shipper instead (ConfigError).
 """
@@ -137,9 +141,16 @@ def prune(
             doc["archive"] = archive.seal(result.cuts)
         append_checkpoint(checkpoint_path, doc)
         result.checkpoint = str(checkpoint_path)
-    result.deleted = _delete(store, limits, high, min(page, DELETE_PAGE), progress, started)
+    result.deleted = _drop_partitions(store, before, limits)
+    result.deleted += _delete(store, limits, high, min(page, DELETE_PAGE), progress, started)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _drop_partitions(store: Any, before: str, limits: dict[str, int]) -> int:
+    """Whole day partitions entirely before the cut, dropped at once (PostgreSQL schema 4)."""
+    drop = getattr(store, "drop_partitions", None)
+    return 0 if drop is None else int(drop(before, limits))
 
 
 def _delete(store: Any, limits: dict[str, int], high: int, page: int, progress: Progress | None, started: float) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -207,10 +208,42 @@ def query(
         limit=limit,
         newest_first=limit is not None,
     )
-    records = _open(audit, keystore_).query(q)
-    if q.newest_first:
-        records.reverse()
-    _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)", wide)
+    store = _open(audit, keystore_)
+    try:
+        if q.newest_first:  # the newest --limit N, printed oldest first: N records, as the user asked
+            records = store.query(q)
+            records.reverse()
+            _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)", wide)
+        else:
+            _stream_events((r.event.to_json() for r in store.iter_query(q)), json_, wide)
+    finally:
+        store.close()
+
+
+TABLE_CHUNK = 1_000
+"""Rows a table holds when ``audit query`` streams a long result (one table a chunk)."""
+
+
+def _stream_events(events: Iterator[dict[str, Any]], json_: bool, wide: bool) -> None:
+    """Print events as they are read: one JSON array written item by item, or tables of
+    `TABLE_CHUNK` rows (a result that fits one chunk looks exactly as before)."""
+    from itertools import islice
+
+    from mrtr_keys.cli.output import stream_json_array
+
+    if json_:
+        stream_json_array(events)
+        return
+    chunk = list(islice(events, TABLE_CHUNK))
+    if len(chunk) < TABLE_CHUNK:
+        _print_events(chunk, False, f"{len(chunk)} event(s)", wide)
+        return
+    done = 0
+    while chunk:
+        _print_events(chunk, False, f"events {done + 1}-{done + len(chunk)}", wide)
+        done += len(chunk)
+        chunk = list(islice(events, TABLE_CHUNK))
+    sys.stderr.write(f"mrtr-keys: {done} event(s)\n")
 
 
 @app.command("stats")
@@ -259,15 +292,24 @@ def checkpoint(
             "[default: audit-checkpoints.jsonl in the state directory].",
         ),
     ] = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="Read the whole log, not only what was added since the last checkpoint.")
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail."""
-    from mrtr_keys.audit.chain import append_checkpoint, make_checkpoint
+    """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail; reads only
+    what was added since the last checkpoint in the file (--full: everything)."""
+    from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
+    from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
     from mrtr_keys.cli.output import print_json, print_line, print_table
 
     store = _open(audit, keystore_)
-    doc = make_checkpoint(store.records(), store_url=store.url, now=time.time())
     path = to or _default_checkpoints(keystore_)
+    try:
+        docs = [d for d in read_checkpoints(path) if d.get("store") == store.url]
+        doc = make_checkpoint_since(store, docs, now=time.time(), full=full)
+    finally:
+        store.close()
     append_checkpoint(path, doc)
     if json_:
         print_json({**doc, "written_to": str(path)})

@@ -16,6 +16,7 @@ import typer
 from mrtr_keys.cli import (
     audit_archive_cmd,
     audit_cmd,
+    audit_migrate_cmd,
     audit_prune_cmd,
     audit_verify_cmd,
     clients_cmd,
@@ -51,6 +52,7 @@ app.command("inspect")(inspect_cmd.inspect)
 audit_cmd.app.command("verify")(audit_verify_cmd.verify)
 audit_cmd.app.command("prune")(audit_prune_cmd.prune)
 audit_cmd.app.command("archive")(audit_archive_cmd.archive)
+audit_cmd.app.command("migrate")(audit_migrate_cmd.migrate)
 app.add_typer(audit_cmd.app, name="audit")
 
 

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
 def print_json(data: Any) -> None:
     """Write `data` as one JSON document to stdout."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def stream_json_array(items: Iterable[Any]) -> int:
+    """Write `items` as one JSON array to stdout, item by item (the same text `print_json` writes
+    for the list, without holding it); returns how many were written."""
+    n = 0
+    for item in items:
+        text = json.dumps(item, indent=2, sort_keys=False, default=str).replace("\n", "\n  ")
+        sys.stdout.write(("[\n  " if n == 0 else ",\n  ") + text)
+        n += 1
+    sys.stdout.write("\n]\n" if n else "[]\n")
+    return n
 
 
 def print_line(text: str) -> None:

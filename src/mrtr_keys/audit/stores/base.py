@@ -9,8 +9,12 @@ from typing import Protocol
 from mrtr_keys.audit.chain import Record, event_values
 from mrtr_keys.audit.events import FIELDS
 
-SCHEMA_VERSION = 3
-"""The schema this code writes; stores migrate older ones on open (see `SQL_MIGRATIONS`)."""
+SCHEMA_VERSION = 4
+"""The schema this code creates. A new store is created at it; an existing store is migrated on open
+up to `AUTO_SCHEMA` (cheap steps, `SQL_MIGRATIONS`), and to 4 only by ``mrtr-keys audit migrate``
+(it rewrites the table on PostgreSQL: `mrtr_keys.audit.stores.pg_layout`; docs/audit.md)."""
+AUTO_SCHEMA = 3
+"""The highest schema version an existing store is migrated to on open."""
 
 FILTER_FIELDS = ("kid", "audience", "op", "outcome", "reason", "client", "instance", "fingerprint")
 
@@ -72,6 +76,10 @@ class AuditStore(Protocol):
 
     def query(self, q: Query) -> list[Record]:
         """Matching records, oldest first (or newest first with `q.newest_first`)."""
+        ...
+
+    def iter_query(self, q: Query) -> Iterator[Record]:
+        """`query` as a stream: records are read as they are consumed (flat memory at any result size)."""
         ...
 
     def records(self) -> Iterator[Record]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS
-from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query, record_row
+from mrtr_keys.audit.stores.base import AUTO_SCHEMA, INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query, record_row
 from mrtr_keys.errors import AuditError, ConfigError
 
 
@@ -38,7 +38,7 @@ class JSONLStore:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_size == 0:
-                    os.write(fd, (json.dumps({"schema_version": SCHEMA_VERSION}) + "\n").encode())
+                    os.write(fd, (json.dumps({"schema_version": AUTO_SCHEMA}) + "\n").encode())  # 4 changed SQL only
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -107,6 +107,15 @@ class JSONLStore:
         if q.newest_first:
             out.reverse()
         return out[: q.limit] if q.limit is not None else out
+
+    def iter_query(self, q: Query) -> Iterator[Record]:
+        """`query` as a stream (oldest first without a limit: read as the file is read)."""
+        if q.newest_first or q.limit is not None:
+            yield from self.query(q)
+            return
+        for r in self.records():
+            if q.matches(r):
+                yield r
 
     def count(self) -> int:
         return sum(1 for _ in self.records())

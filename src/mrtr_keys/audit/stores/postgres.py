@@ -15,10 +15,14 @@ dead idle connection within about 25 s.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import date
 from typing import Any
 
-from mrtr_keys.audit.stores.base import SQL_COLUMNS
+from mrtr_keys.audit.stores import pg_layout as layout
+from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.deadlines import WATCHDOG
 from mrtr_keys.errors import AuditError, ConfigError
@@ -37,6 +41,11 @@ KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalive
 """libpq's TCP keepalive settings: a dead idle connection is found within about 25 s."""
 CHAIN_LOCK_WAIT_MS = 2_000
 """Most milliseconds `PostgresStore.chain_length` waits for a chain's in-flight transaction to end."""
+RECHECK_PARTITIONS_S = 600.0
+"""Seconds a writer trusts its list of existing day partitions before reading it again."""
+_TIME_COLUMN = SQL_COLUMNS.index("time")
+_DROP = "drop a partition of"
+log = logging.getLogger(__name__)
 
 
 def chain_lock(writer: str) -> int:
@@ -45,12 +54,20 @@ def chain_lock(writer: str) -> int:
 
 
 class PostgresStore(SQLStore):
-    """The audit log in a PostgreSQL database (tables ``audit_events`` and ``schema_version``)."""
+    """The audit log in a PostgreSQL database (tables ``audit_events``, partitioned by day from schema
+    4 (`mrtr_keys.audit.stores.pg_layout`), ``instances`` and ``schema_version``)."""
 
     PARAM = "%s"
     AUTOINC = "BIGSERIAL PRIMARY KEY"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        """Unix seconds now: where `ensure_partitions` counts today from (injected by tests)."""
+        self._days: set[date] = set()  # days with a partition (or skipped until the next recheck)
+        self._seen: set[str] = set()  # ``YYYY-MM-DD`` prefixes of appended times already handled
+        self._today = -1
+        self._days_read = -RECHECK_PARTITIONS_S
+        self._version_read = time.monotonic()
         try:
             import psycopg
         except ImportError:
@@ -71,6 +88,11 @@ class PostgresStore(SQLStore):
         far cheaper per row than ``INSERT``)."""
         if not rows:
             return
+        if self.version < SCHEMA_VERSION and time.monotonic() - self._version_read >= RECHECK_PARTITIONS_S:
+            self._version_read = time.monotonic()  # migrated since this process opened the store?
+            self.version = self.schema_version()
+        if self.version >= SCHEMA_VERSION:
+            self.ensure_partitions(str(r[_TIME_COLUMN]) for r in rows)
         with self._transaction("write to") as cur:
             # Held until this transaction ends, so `chain_length` cannot answer while it is in flight.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(str(rows[0][_WRITER_COLUMN])),))
@@ -99,8 +121,129 @@ class PostgresStore(SQLStore):
         with WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE):
             super()._migrate()
 
+    def _stream(self, sql: str, args: Sequence[Any]) -> Iterator[Sequence[Any]]:
+        """Rows of one read through a server-side cursor, each page of rows under `READ_DEADLINE`
+        (the whole result never sits in client memory, and a long result is not cut by one deadline)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            conn = self._conn
+            try:
+                with conn.cursor(name="mrtr_keys_stream") as cur:
+                    with WATCHDOG.guard(conn.fileno(), READ_DEADLINE):
+                        cur.execute(sql, tuple(args))
+                    while True:
+                        with WATCHDOG.guard(conn.fileno(), READ_DEADLINE):
+                            rows = cur.fetchmany(self.STREAM_PAGE)
+                        if not rows:
+                            break
+                        yield from rows
+            except self._db_errors as exc:
+                if self._broken(conn):
+                    self._discard()
+                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+            finally:  # a read: end its transaction, also when the reader stopped early
+                if self._conn is conn and not self._broken(conn):
+                    try:
+                        conn.rollback()
+                    except self._db_errors:
+                        pass
+
+    def _to_v4(self, cur: Any) -> None:
+        cur.execute(layout.OLD_DAYS)
+        days = {d for (t,) in cur.fetchall() if (d := layout.day_of(str(t)))} | layout.days_ahead(self.clock())
+        for stmt in layout.migration_statements(days):
+            cur.execute(stmt)
+        cur.execute(layout.OLD_COUNT)
+        old = int(cur.fetchone()[0])
+        cur.execute(layout.NEW_COUNT)
+        if int(cur.fetchone()[0]) != old:
+            raise AuditError(f"migration of {self.url}: the copy does not hold every event; rolled back")
+        cur.execute(layout.DROP_OLD)
+        self._days_read = -RECHECK_PARTITIONS_S
+
+    def partition_days(self) -> list[date]:
+        """The days that have a partition (schema 4), oldest first."""
+        if self.version < SCHEMA_VERSION:
+            return []
+        rows = self._fetch(layout.LIST_PARTITIONS, [])
+        return sorted(d for (name,) in rows if (d := layout.day_of_partition(name)))
+
+    def ensure_partitions(self, times: Iterable[str] = (), *, now: float | None = None) -> list[date]:
+        """Create the day partitions missing for today and `layout.AHEAD_DAYS` after it (at `now`,
+        default `clock()`) and for the days of `times` (event time strings); returns the days
+        created. A day whose partition cannot be created (a long reader holds the table past
+        `layout.PARTITION_LOCK_TIMEOUT_MS`, or the default partition holds rows of that day) is
+        skipped: its rows go to ``audit_events_default``, and it is tried again after
+        `RECHECK_PARTITIONS_S`. Cheap when nothing is missing (the writer calls it every append).
+
+        Raises:
+            AuditError: the store cannot be reached.
+        """
+        prefixes = {t[:10] for t in times} - self._seen
+        today = int((self.clock() if now is None else now) // 86_400)
+        if not prefixes and today == self._today and time.monotonic() - self._days_read < RECHECK_PARTITIONS_S:
+            return []
+        days = {d for p in prefixes if (d := layout.day_of(p))} | layout.days_ahead(today * 86_400.0)
+        if time.monotonic() - self._days_read >= RECHECK_PARTITIONS_S or not days <= self._days:
+            self._days = set(self.partition_days())
+            self._days_read = time.monotonic()
+        created = []
+        for day in sorted(days - self._days):
+            try:
+                with self._transaction("write to") as cur:
+                    cur.execute(f"SET LOCAL lock_timeout = {layout.PARTITION_LOCK_TIMEOUT_MS}")
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    cur.execute(layout.create_partition(day))
+                created.append(day)
+            except AuditError as exc:
+                if self._conn is None:
+                    raise  # the connection is gone: the append fails and is retried
+                log.warning("audit store %s: no partition for %s yet (%s)", self.url, day, exc)
+            self._days.add(day)  # created, or skipped until the next recheck
+        self._seen |= prefixes
+        self._today = today
+        return created
+
+    def drop_partitions(self, before: str, limits: dict[str, int]) -> int:
+        """Drop every day partition that ends at or before `before` (an event time string) and whose
+        records are all at or before their chain's prune cut (`limits`: writer -> last cut seq);
+        returns how many records went (`mrtr_keys.audit.prune`). Each partition is checked and
+        dropped in one transaction with inserts into it blocked, so a late row is never lost
+        unchecked. Records before the cut in partitions that stay are deleted by the caller.
+
+        Raises:
+            AuditError: the store cannot be read or written.
+        """
+        end = layout.day_of(before)
+        if self.version < SCHEMA_VERSION or end is None:
+            return 0
+        dropped = 0
+        for day in self.partition_days():
+            if day >= end:  # not entirely before the cut (ranges end at the next midnight)
+                break
+            name = layout.partition_name(day)
+            try:
+                with self._transaction(_DROP) as cur:
+                    cur.execute(f"SET LOCAL lock_timeout = {layout.PARTITION_LOCK_TIMEOUT_MS}")
+                    cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
+                    cur.execute(f"SELECT writer, MAX(seq), COUNT(*) FROM {name} GROUP BY writer")  # noqa: S608
+                    chains = cur.fetchall()
+                    if any(limits.get(w, 0) < int(top) for w, top, _ in chains):
+                        continue  # holds records after a cut: they go page by page
+                    cur.execute(f"DROP TABLE {name}")
+            except AuditError as exc:
+                if self._conn is None:
+                    raise
+                log.warning("audit store %s: partition %s not dropped (%s); pruned page by page", self.url, name, exc)
+                continue
+            dropped += sum(int(n) for _, _, n in chains)
+            self._days.discard(day)
+        return dropped
+
     def _deadline(self, verb: str) -> Any:
-        return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if verb == "read" else WRITE_DEADLINE)
+        long = verb in ("read", _DROP)  # a read, or one day partition scanned and dropped
+        return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if long else WRITE_DEADLINE)
 
     def _broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)

@@ -10,7 +10,13 @@ from typing import Any
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS, AuditEvent
-from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, SQL_MIGRATIONS, Query
+from mrtr_keys.audit.stores.base import (
+    INSTANCE_COLUMNS,
+    SCHEMA_VERSION,
+    SQL_COLUMNS,
+    Query,
+)
+from mrtr_keys.audit.stores.sql_schema import SchemaSteps
 from mrtr_keys.errors import AuditError, ConfigError
 
 _SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events"  # noqa: S608 - fixed column names
@@ -34,7 +40,7 @@ def _row_to_record(row: Sequence[Any]) -> Record:
     return Record(ev, writer, int(seq), prev, h, int(pos))
 
 
-class SQLStore:
+class SQLStore(SchemaSteps):
     """Base of the SQL stores; a subclass supplies `_connect`, `_db_errors`, `PARAM`, `AUTOINC`, `_lock_schema`.
 
     A connection the server dropped (`_broken`) is discarded on the error that revealed it, and the
@@ -45,6 +51,11 @@ class SQLStore:
     PARAM = "?"
     AUTOINC = "INTEGER PRIMARY KEY AUTOINCREMENT"
     _db_errors: tuple[type[BaseException], ...] = ()
+    FINGERPRINT_PREFIX = ""
+    FINGERPRINT_PREFIX_LEN = 8
+    """An indexed expression of the fingerprint's first 8 characters, if the dialect indexes that."""
+    version = 0
+    """The schema version of the open store (`SCHEMA_VERSION`, or `AUTO_SCHEMA` until migrated)."""
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -66,33 +77,6 @@ class SQLStore:
 
     def _connect(self) -> Any:
         raise NotImplementedError
-
-    def _lock_schema(self, cur: Any) -> None:
-        """Serialise concurrent migrations (inside the migration transaction)."""
-
-    def _migrate(self) -> None:
-        with self._lock:
-            cur = self._conn.cursor()
-            self._begin(cur)
-            try:
-                self._lock_schema(cur)
-                cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-                cur.execute("SELECT MAX(version) FROM schema_version")
-                row = cur.fetchone()
-                current = int(row[0]) if row and row[0] is not None else 0
-                if current > SCHEMA_VERSION:
-                    raise ConfigError(
-                        f"the audit store {self.url} has schema version {current}, newer than this mrtr-keys "
-                        f"({SCHEMA_VERSION}); upgrade mrtr-keys"
-                    )
-                for version in range(current + 1, SCHEMA_VERSION + 1):
-                    for stmt in SQL_MIGRATIONS[version]:
-                        cur.execute(stmt.format(autoinc=self.AUTOINC))
-                    cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (version,))  # noqa: S608
-                self._conn.commit()
-            except BaseException:
-                self._conn.rollback()
-                raise
 
     def _begin(self, cur: Any) -> None:
         """Start a write transaction (psycopg starts one implicitly)."""
@@ -120,6 +104,7 @@ class SQLStore:
         step = self.ROWS_PER_INSERT
         with self._transaction("write to") as cur:
             self._begin(cur)
+            rows = self._encode_rows(cur, rows)
             full = len(rows) - len(rows) % step
             for start in range(0, full, step):  # always `step` rows: one prepared statement
                 cur.execute(self._insert_sql(step), list(chain.from_iterable(rows[start : start + step])))
@@ -128,6 +113,28 @@ class SQLStore:
                 # size would fill the driver's statement cache with up to 128 large prepared
                 # statements (tens of MB in a long-running writer).
                 cur.executemany(self._insert_sql(1), rows[full:])
+        self._appended()
+
+    # Hooks of a dialect whose stored values differ from the event's (SQLite schema 4, `narrow`).
+    def _encode_rows(self, cur: Any, rows: Sequence[tuple[object, ...]]) -> Sequence[tuple[object, ...]]:
+        """`rows` as stored (inside the append transaction)."""
+        return rows
+
+    def _appended(self) -> None:
+        """After an append committed."""
+
+    def _decode(self, rows: list[Any]) -> list[Any]:
+        """Raw rows (position, then stored values) as the values written."""
+        return rows
+
+    def _time_window(self, since: str | None, until: str | None) -> tuple[str, list[Any]]:
+        """The clause (and its values) of ``since <= time < until`` (either may be None)."""
+        parts = [c for c, v in (("time >= " + self.PARAM, since), ("time < " + self.PARAM, until)) if v is not None]
+        return " AND ".join(parts), [v for v in (since, until) if v is not None]
+
+    def _value(self, column: str, value: Any) -> Any:
+        """A value to compare with `column` as stored."""
+        return value
 
     @contextmanager
     def _transaction(self, verb: str) -> Iterator[Any]:
@@ -171,13 +178,18 @@ class SQLStore:
         if q.after_position:
             clauses.append(f"id > {p}")
             args.append(q.after_position)
-        if q.since is not None:
-            clauses.append(f"time >= {p}")
-            args.append(q.since)
-        if q.until is not None:
-            clauses.append(f"time < {p}")
-            args.append(q.until)
+        if q.since is not None or q.until is not None:
+            clause, values = self._time_window(q.since, q.until)
+            clauses.append(clause)
+            args.extend(values)
         for name, value in q.filters().items():
+            value = self._value(name, value)
+            if name == "fingerprint" and self.FINGERPRINT_PREFIX and self.version >= SCHEMA_VERSION:
+                # Through the prefix index (SQLite, schema 4); ``+`` keeps SQLite from substituting
+                # the value into the indexed expression (constant propagation), which hides the index.
+                clauses.append(f"{self.FINGERPRINT_PREFIX} = {p} AND +fingerprint = {p}")
+                args.extend((value[: self.FINGERPRINT_PREFIX_LEN], value))
+                continue
             clauses.append(f"{name} = {p}")
             args.append(value)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
@@ -199,13 +211,44 @@ class SQLStore:
         where, args = self._where(q)
         order = " ORDER BY id DESC" if q.newest_first else " ORDER BY id"
         limit = f" LIMIT {int(q.limit)}" if q.limit is not None else ""
-        rows = [_row_to_record(r) for r in self._fetch(_SELECT + where + order + limit, args)]
+        rows = [_row_to_record(r) for r in self._decode(self._fetch(_SELECT + where + order + limit, args))]
         return rows
+
+    STREAM_PAGE = 2_000
+    """Rows fetched at a time by `iter_query`."""
+
+    def iter_query(self, q: Query) -> Iterator[Record]:
+        """`query` as a stream: one statement whose rows are fetched `STREAM_PAGE` at a time, so
+        memory stays flat at any result size (``audit query`` prints as it reads).
+
+        Raises:
+            AuditError: the store cannot be read.
+        """
+        where, args = self._where(q)
+        order = " ORDER BY id DESC" if q.newest_first else " ORDER BY id"
+        limit = f" LIMIT {int(q.limit)}" if q.limit is not None else ""
+        for row in self._stream(_SELECT + where + order + limit, args):
+            yield _row_to_record(row)
+
+    def _stream(self, sql: str, args: Sequence[Any]) -> Iterator[Sequence[Any]]:
+        """Rows of one read statement, fetched in pages from one cursor (under the store lock)."""
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            cur = self._conn.cursor()
+            try:
+                cur.execute(sql, tuple(args))
+                while rows := cur.fetchmany(self.STREAM_PAGE):
+                    yield from self._decode(rows)
+            except self._db_errors as exc:
+                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+            finally:
+                cur.close()
 
     def records(self) -> Iterator[Record]:
         last = 0
         while True:
-            rows = self._fetch(_SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT 5000", [last])
+            rows = self._decode(self._fetch(_SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT 5000", [last]))
             if not rows:
                 return
             for row in rows:
@@ -220,7 +263,7 @@ class SQLStore:
         time (keyset pages on the primary key: memory bounded by one page at any log size)."""
         sql = _SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT {int(size)}"
         while True:
-            rows = self._fetch(sql, [after])
+            rows = self._decode(self._fetch(sql, [after]))
             if not rows:
                 return
             after = int(rows[-1][0])
@@ -232,12 +275,12 @@ class SQLStore:
         `time` (found through the time index), or None if no such record is stored."""
         p = self.PARAM
         sql = f"SELECT MIN(id) FROM audit_events WHERE time = {p} AND writer = {p} AND seq = {p}"  # noqa: S608
-        row = self._fetch(sql, [time, writer, seq])
+        row = self._fetch(sql, [self._value("time", time), self._value("writer", writer), seq])
         return int(row[0][0]) if row and row[0][0] is not None else None
 
     def last_position_before(self, time: str) -> int:
         """The highest storage position among records with event time before `time` (0 if none)."""
-        row = self._fetch(f"SELECT MAX(id) FROM audit_events WHERE time < {self.PARAM}", [time])  # noqa: S608
+        row = self._fetch(f"SELECT MAX(id) FROM audit_events WHERE time < {self.PARAM}", [self._value("time", time)])  # noqa: S608
         return int(row[0][0]) if row and row[0][0] is not None else 0
 
     def delete_positions(self, low: int, high: int, ids: Sequence[int] | None = None) -> int:
@@ -264,7 +307,8 @@ class SQLStore:
     def chain_length(self, writer: str, since: str) -> int:
         p = self.PARAM
         # The time index bounds the scan to the events since `since`; `writer` filters them.
-        row = self._fetch(f"SELECT MAX(seq) FROM audit_events WHERE time >= {p} AND writer = {p}", [since, writer])  # noqa: S608 - placeholders only
+        sql = f"SELECT MAX(seq) FROM audit_events WHERE time >= {p} AND writer = {p}"  # noqa: S608 - placeholders only
+        row = self._fetch(sql, [self._value("time", since), self._value("writer", writer)])
         return int(row[0][0]) if row and row[0][0] is not None else 0
 
     def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
@@ -273,7 +317,11 @@ class SQLStore:
         where, args = self._where(q)
         # `by` is one of STATS_KEYS (checked above); values are bound parameters.
         sql = f"SELECT {by}, COUNT(*) AS n FROM audit_events{where} GROUP BY {by} ORDER BY n DESC, {by}"  # noqa: S608
-        return [(r[0], int(r[1])) for r in self._fetch(sql, args)]
+        return [(self._stat_key(by, r[0]), int(r[1])) for r in self._fetch(sql, args)]
+
+    def _stat_key(self, by: str, key: Any) -> Any:
+        """A group key of `stats` as written."""
+        return key
 
     def put_instance(self, row: Sequence[object]) -> None:
         p = self.PARAM

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from mrtr_keys.audit.stores import narrow
+from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.errors import AuditError, ConfigError
 
@@ -46,9 +48,13 @@ class SQLiteStore(SQLStore):
     # SQLite before 3.32 allows only 999 bound values per statement (SQLITE_MAX_VARIABLE_NUMBER).
     ROWS_PER_INSERT = 500 if sqlite3.sqlite_version_info >= (3, 32, 0) else 60
     _db_errors = (sqlite3.Error,)
+    FINGERPRINT_PREFIX = narrow.FINGERPRINT_PREFIX
+    FINGERPRINT_PREFIX_LEN = 4
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().absolute()
+        self._codec = narrow.Codec()
+        self._pending: dict[int, str] = {}
         super().__init__("sqlite:///" + str(self.path).lstrip("/"))
 
     def _connect(self) -> Any:
@@ -68,6 +74,110 @@ class SQLiteStore(SQLStore):
 
     def _begin(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
+
+    def _to_v4(self, cur: Any) -> None:
+        """Schema 3 -> 4: every row copied, with its id, into the narrow table (`narrow`), in pages."""
+        cur.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit_events'")
+        seq_row = cur.fetchone()
+        cur.execute(narrow.NAMES)
+        cur.execute(narrow.TABLE)
+        codec = narrow.Codec()
+        cols = ", ".join(SQL_COLUMNS)
+        marks = ", ".join(["?"] * (len(SQL_COLUMNS) + 1))
+        insert = f"INSERT INTO audit_events_v4 (id, {cols}) VALUES ({marks})"  # noqa: S608 - fixed names
+        select = f"SELECT id, {cols} FROM audit_events WHERE id > ? ORDER BY id LIMIT 5000"  # noqa: S608
+        last = 0
+        while rows := cur.execute(select, (last,)).fetchall():
+            encoded = codec.encode_rows([r[1:] for r in rows], lambda name: self._name_id(cur, name, codec.learn))
+            cur.executemany(insert, [(r[0], *e) for r, e in zip(rows, encoded, strict=True)])
+            last = rows[-1][0]
+        cur.execute("DROP TABLE audit_events")
+        cur.execute("ALTER TABLE audit_events_v4 RENAME TO audit_events")
+        for stmt in narrow.INDEXES:
+            cur.execute(stmt)
+        if seq_row is not None:  # ids never reused, as before
+            cur.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'audit_events'", (seq_row[0],))
+        self._codec = narrow.Codec()
+
+    @staticmethod
+    def _name_id(cur: Any, name: str, learn: Any) -> int:
+        cur.execute("INSERT OR IGNORE INTO audit_names (name) VALUES (?)", (name,))
+        ident = int(cur.execute("SELECT id FROM audit_names WHERE name = ?", (name,)).fetchone()[0])
+        learn({ident: name})
+        return ident
+
+    def _narrow(self) -> bool:
+        return self.version >= SCHEMA_VERSION
+
+    def _encode_rows(self, cur: Any, rows: Any) -> Any:
+        if self.version < SCHEMA_VERSION:  # migrated by `audit migrate` since this process opened it?
+            self.version = self._current_version(cur)
+        if not self._narrow():
+            return rows
+        self._pending = {}
+        made: dict[str, int] = {}  # names new to this process, once each per transaction
+
+        def name_id(name: str) -> int:
+            ident = made.get(name)
+            if ident is None:
+                ident = made[name] = self._name_id(cur, name, self._pending.update)
+            return ident
+
+        return self._codec.encode_rows(rows, name_id)
+
+    def _appended(self) -> None:
+        if self._pending:
+            self._codec.learn(self._pending)
+            self._pending = {}
+
+    def _names(self) -> dict[int, str]:
+        return {int(i): str(n) for i, n in self._fetch("SELECT id, name FROM audit_names", [])}
+
+    def _decode(self, rows: list[Any]) -> list[Any]:
+        return self._codec.decode_rows(rows, self._names) if self._narrow() else rows
+
+    def _time_window(self, since: str | None, until: str | None) -> tuple[str, list[Any]]:
+        """Schema 4 stores canonical times as integers and any other text as it is (integers sort
+        before text): one range over the integers, and one over the text if the store holds any
+        (never written by mrtr-keys itself), so a window means what it meant over text."""
+        if not self._narrow():
+            return super()._time_window(since, until)
+        low, high = self._codec.encode_time(since), self._codec.encode_time(until)
+        if not isinstance(low, int | None) or not isinstance(high, int | None):
+            return super()._time_window(since, until)  # an odd bound: compared as given
+        if not self._fetch("SELECT 1 FROM audit_events WHERE time >= '' LIMIT 1", []):  # the index's end
+            parts = [c for c, v in (("time >= ?", low), ("time < ?", high)) if v is not None]
+            return " AND ".join(parts), [v for v in (low, high) if v is not None]  # one range (the usual case)
+        ints = [
+            "time >= ?" if low is not None else "time >= -9223372036854775808",
+            "time < ?" if high is not None else "time < ''",
+        ]
+        texts = ["time >= ?" if since is not None else "time >= ''", *(["time < ?"] if until is not None else [])]
+        values = [v for v in (low, high, since, until) if v is not None]
+        return f"({' AND '.join(ints)} OR {' AND '.join(texts)})", values
+
+    def _value(self, column: str, value: Any) -> Any:
+        if not self._narrow():
+            return value
+        if column == "time":
+            return self._codec.encode_time(value)
+        if column == "fingerprint":
+            return self._codec.encode_fingerprint(value)
+        if column in ("instance", "writer"):
+            if value not in self._codec.ids:
+                self._codec.learn(self._names())
+            return self._codec.ids.get(value, -1)  # a name never written matches nothing
+        return value
+
+    def chain_length(self, writer: str, since: str) -> int:
+        """`AuditStore.chain_length`, in the layout the file has now (a writer that opened it before
+        ``audit migrate`` asks this after a failed append: its answer must count the migrated rows)."""
+        if self.version < SCHEMA_VERSION:
+            self.version = int(self._fetch("SELECT MAX(version) FROM schema_version", [])[0][0] or 0)
+        return super().chain_length(writer, since)
+
+    def _stat_key(self, by: str, key: Any) -> Any:
+        return self._codec.name(key, self._names) if by == "instance" and self._narrow() else key
 
     def _migrate(self) -> None:
         _wait_busy(super()._migrate)

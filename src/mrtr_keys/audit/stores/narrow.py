@@ -1,0 +1,205 @@
+"""SQLite schema 4: narrower rows, the same values read back (issue 26, item 5).
+
+What a row stores, column by column, and what every reader gets back (exactly the text written, so
+the hash chains verify unchanged):
+
+* ``time``: microseconds since the Unix epoch (an INTEGER, at most 8 bytes) when the text is the fixed
+  width form `mrtr_keys.audit.events.format_ts` writes (``2026-07-28T10:00:00.123456Z``, years 1970
+  to 9999) and reads back identically; any other text is stored as it is. Integers sort before text
+  in SQLite, so time windows compare integers with integers.
+* ``instance`` and ``writer``: an INTEGER naming a row of ``audit_names (id, name)``: a process's
+  names repeat on every row it writes (about 80 bytes a row before).
+* ``fingerprint``: the 12 bytes of the 24 lowercase hex characters (a BLOB); other text as it is.
+
+Nothing ``audit query`` shows is lost; ``audit verify`` reads the same values, so a changed name in
+``audit_names`` shows as an altered batch. The columns have no declared type (no affinity), so each
+value keeps the storage class it was written with.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time as _time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+TABLE = """CREATE TABLE audit_events_v4 (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time NOT NULL,
+    instance NOT NULL,
+    client TEXT,
+    audience TEXT,
+    kid TEXT,
+    op TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    fingerprint,
+    generation INTEGER,
+    duration_ms REAL,
+    writer NOT NULL,
+    seq INTEGER NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+)"""
+NAMES = "CREATE TABLE IF NOT EXISTS audit_names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)"
+INDEXES = (
+    "CREATE INDEX audit_events_time ON audit_events (time)",
+    "CREATE INDEX audit_events_kid_op_time ON audit_events (kid, op, time)",
+    "CREATE INDEX audit_events_kid ON audit_events (kid)",
+    "CREATE INDEX audit_events_fp4 ON audit_events (substr(fingerprint, 1, 4))",
+)
+"""``(kid, op, time)`` serves the rotation gates (a kid's seals in a window) and ``--kid --op``; ``(kid)``
+(that is, kid then storage position) serves ``--kid`` alone in storage order, newest first with
+``--limit`` at the cost of N rows however common the kid; ``query --token`` finds its rows through the
+first 4 bytes of the fingerprint (the full value is then compared)."""
+FINGERPRINT_PREFIX = "substr(fingerprint, 1, 4)"
+
+_CANONICAL = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:)(\d{2}):(\d{2})\.(\d{6})Z", re.ASCII)
+_HEX24 = re.compile(r"[0-9a-f]{24}")
+_MM_SS = [f"{m:02d}:{s:02d}" for m in range(60) for s in range(60)]
+"""``MM:SS`` of each second of an hour (decoding a time is then two lookups and one format)."""
+_FIELDS_TIME, _FIELDS_INSTANCE, _FIELDS_FP, _FIELDS_WRITER = 0, 1, 8, 11  # in `SQL_COLUMNS`
+
+
+class Codec:
+    """Encodes rows for the narrow table and decodes them back; caches seconds and names."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, str] = {}
+        self._hours: dict[int, str] = {}
+        self._hour_starts: dict[str, int] = {}
+        self.ids: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+
+    def _second_text(self, sec: int) -> str:
+        text = self._seconds.get(sec)
+        if text is None:
+            if len(self._seconds) > 4_096:
+                self._seconds.clear()
+            text = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec))
+            self._seconds[sec] = text
+        return text
+
+    def _hour_text(self, hour: int) -> str:
+        """``YYYY-MM-DDTHH:`` of an hour since the epoch (cached)."""
+        if len(self._hours) > 4_096:
+            self._hours.clear()
+        text = self._hours[hour] = _time.strftime("%Y-%m-%dT%H:", _time.gmtime(hour * 3_600))
+        return text
+
+    def encode_time(self, text: object) -> object:
+        """Microseconds (int) for a canonical time that reads back identically, else the value."""
+        if text.__class__ is not str:
+            return text
+        m = _CANONICAL.fullmatch(text)  # type: ignore[arg-type]
+        if m is None:
+            return text
+        base = self._hour_starts.get(m[1])
+        if base is None:
+            base = self._hour_start(m[1])
+        minute, second = int(m[2]), int(m[3])
+        if base < 0 or minute > 59 or second > 59:  # 2026-02-30, 24:00, leap seconds: kept as text
+            return text
+        return (base + minute * 60 + second) * 1_000_000 + int(m[4])
+
+    def _hour_start(self, prefix: str) -> int:
+        """Unix seconds of ``YYYY-MM-DDTHH:`` if that is a real hour of 1970..9999 that prints back
+        the same, else -1 (cached)."""
+        start = -1
+        try:
+            y, mo, d, h = int(prefix[0:4]), int(prefix[5:7]), int(prefix[8:10]), int(prefix[11:13])
+            if 1970 <= y:
+                candidate = calendar.timegm((y, mo, d, h, 0, 0, 0, 0, 0))
+                if self._hour_text(candidate // 3_600) == prefix:
+                    start = candidate
+        except (ValueError, OverflowError):
+            pass
+        if len(self._hour_starts) > 4_096:
+            self._hour_starts.clear()
+        self._hour_starts[prefix] = start
+        return start
+
+    def decode_time(self, value: object) -> object:
+        if not isinstance(value, int):
+            return value
+        sec, micro = divmod(value, 1_000_000)
+        return f"{self._second_text(sec)}.{micro:06d}Z"
+
+    @staticmethod
+    def encode_fingerprint(value: object) -> object:
+        if isinstance(value, str) and _HEX24.fullmatch(value):
+            return bytes.fromhex(value)
+        return value
+
+    @staticmethod
+    def decode_fingerprint(value: object) -> object:
+        return value.hex() if isinstance(value, bytes) else value
+
+    def name(self, ident: object, reload: Callable[[], dict[int, str]]) -> object:
+        """The name of id `ident` (reloading the table once on a miss; an unknown id reads back
+        as ``?ID``, which no hash matches: verify reports the batch altered)."""
+        if not isinstance(ident, int):
+            return ident
+        found = self.names.get(ident)
+        if found is None:
+            self.learn(reload())
+            found = self.names.get(ident, f"?{ident}")
+        return found
+
+    def learn(self, names: dict[int, str]) -> None:
+        self.names.update(names)
+        self.ids.update({n: i for i, n in names.items()})
+
+    def encode_rows(self, rows: Sequence[Sequence[Any]], name_id: Callable[[str], int]) -> list[tuple[Any, ...]]:
+        """Rows in `SQL_COLUMNS` order -> narrow rows (`name_id` gives, or makes, a name's id)."""
+        ids = self.ids
+        out = []
+        for r in rows:
+            row = list(r)
+            row[_FIELDS_TIME] = self.encode_time(r[_FIELDS_TIME])
+            for col in (_FIELDS_INSTANCE, _FIELDS_WRITER):
+                v = r[col]
+                i = ids.get(v)
+                row[col] = name_id(v) if i is None else i
+            row[_FIELDS_FP] = self.encode_fingerprint(r[_FIELDS_FP])
+            out.append(tuple(row))
+        return out
+
+    def decode_rows(self, rows: Sequence[Sequence[Any]], reload: Callable[[], dict[int, str]]) -> list[tuple[Any, ...]]:
+        """Raw rows (position, then narrow `SQL_COLUMNS` values) -> the values as written (the hot
+        loop of ``verify``: one tuple built a row, the text of each second made once)."""
+        names = self.names
+        hours = self._hours
+        hour_text = self._hour_text
+        out: list[tuple[Any, ...]] = []
+        append = out.append
+        for pos, t, inst, client, aud, kid, op, outcome, reason, fp, gen, dur, writer, seq, prev, h in rows:
+            if t.__class__ is int:
+                sec = t // 1_000_000
+                hour = sec // 3_600
+                prefix = hours.get(hour) or hour_text(hour)
+                t = f"{prefix}{_MM_SS[sec - hour * 3_600]}.{t - sec * 1_000_000:06d}Z"
+            i = names.get(inst)
+            w = names.get(writer)
+            append(
+                (
+                    pos,
+                    t,
+                    self.name(inst, reload) if i is None else i,
+                    client,
+                    aud,
+                    kid,
+                    op,
+                    outcome,
+                    reason,
+                    fp.hex() if fp.__class__ is bytes else fp,
+                    gen,
+                    dur,
+                    self.name(writer, reload) if w is None else w,
+                    seq,
+                    prev,
+                    h,
+                )
+            )
+        return out

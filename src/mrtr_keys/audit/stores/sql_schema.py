@@ -1,0 +1,109 @@
+"""The schema of the SQL stores: created or brought up to date on open, and ``audit migrate`` (schema 4)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from mrtr_keys.audit.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_MIGRATIONS
+from mrtr_keys.errors import AuditError, ConfigError
+
+
+class SchemaSteps:
+    """Mixin of `mrtr_keys.audit.stores.sql.SQLStore`: the migrations (a dialect supplies `_to_v4`)."""
+
+    PARAM: str
+    AUTOINC: str
+    _db_errors: tuple[type[BaseException], ...]
+    _lock: threading.RLock
+    _conn: Any
+    version: int
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _begin(self, cur: Any) -> None:
+        """Start a write transaction (psycopg starts one implicitly)."""
+
+    def _lock_schema(self, cur: Any) -> None:
+        """Serialise concurrent migrations (inside the migration transaction)."""
+
+    def _migrate(self) -> None:
+        """Create a new store at `SCHEMA_VERSION`; bring an existing one up to `AUTO_SCHEMA` (the
+        cheap steps); refuse a store newer than this code. Sets `version`."""
+        with self._lock:
+            cur = self._conn.cursor()
+            self._begin(cur)
+            try:
+                self._lock_schema(cur)
+                cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+                current = self._current_version(cur)
+                if current > SCHEMA_VERSION:
+                    raise ConfigError(
+                        f"the audit store {self.url} has schema version {current}, newer than this mrtr-keys "
+                        f"({SCHEMA_VERSION}); upgrade mrtr-keys"
+                    )
+                for version in range(current + 1, AUTO_SCHEMA + 1):
+                    for stmt in SQL_MIGRATIONS[version]:
+                        cur.execute(stmt.format(autoinc=self.AUTOINC))
+                    cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (version,))  # noqa: S608
+                if current == 0:  # a new store: straight to the current layout (an empty table to convert)
+                    self._to_v4(cur)
+                    cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (SCHEMA_VERSION,))  # noqa: S608
+                self._conn.commit()
+                self.version = self._current_version(cur)
+            except BaseException:
+                self._conn.rollback()
+                raise
+
+    @staticmethod
+    def _current_version(cur: Any) -> int:
+        cur.execute("SELECT MAX(version) FROM schema_version")
+        row = cur.fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def _to_v4(self, cur: Any) -> None:
+        """Schema 3 -> 4 in the dialect (inside the migration transaction)."""
+        raise NotImplementedError
+
+    def migrate(self) -> tuple[int, int, int]:
+        """``mrtr-keys audit migrate``: bring this store from schema 3 to `SCHEMA_VERSION` in one
+        transaction, keeping every event with its storage position; returns (from, to, events).
+
+        Raises:
+            ConfigError: the store is already at `SCHEMA_VERSION` (the migration runs once);
+            AuditError: the store cannot be read or written, or the copy lost events (rolled back).
+        """
+        with self._lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            cur = self._conn.cursor()
+            try:
+                self._begin(cur)
+                self._lock_schema(cur)
+                current = self._current_version(cur)
+                if current >= SCHEMA_VERSION:
+                    raise ConfigError(
+                        f"the audit store {self.url} is already at schema version {current}: nothing to migrate"
+                    )
+                cur.execute("SELECT COUNT(*) FROM audit_events")
+                before = int(cur.fetchone()[0])
+                self._to_v4(cur)
+                cur.execute("SELECT COUNT(*) FROM audit_events")
+                after = int(cur.fetchone()[0])
+                if after != before:
+                    raise AuditError(f"migration of {self.url} kept {after} of {before} events: rolled back")
+                cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (SCHEMA_VERSION,))  # noqa: S608
+                self._conn.commit()
+            except self._db_errors as exc:
+                self._conn.rollback()
+                raise AuditError(f"cannot migrate the audit store {self.url}: {exc}") from None
+            except BaseException:
+                self._conn.rollback()
+                raise
+            self.version = SCHEMA_VERSION
+            return current, SCHEMA_VERSION, after
