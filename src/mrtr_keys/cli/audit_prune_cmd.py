@@ -70,13 +70,23 @@ def prune(
 
 
 def _refuse_inside_gate_window(cutoff: str, keystore_: str | None) -> None:
-    """The retire gate reads the last TTL of seal events: never prune inside the ring's TTL + 60 s."""
+    """The retire gate reads the last TTL of seal events: never prune inside the ring's TTL + 60 s.
+
+    Raises:
+        ConfigError: the cut-off is inside that window, or the key ring exists but cannot be read
+        (a keystore outage or a damaged ring must not turn the check off).
+    """
     from mrtr_keys.audit.events import format_ts
+    from mrtr_keys.errors import KeyRingNotFound
 
     try:
         ring = _keystore(keystore_).load()
-    except Exception:  # no ring here (a store named by --audit alone): no gate reads this log
+    except KeyRingNotFound:  # no ring here (a store named by --audit alone): no gate reads this log
         return
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read the key ring to keep --before out of the window the rotation gates read: {exc}"
+        ) from None
     oldest = format_ts(time.time() - ring.ttl_seconds - GATE_MARGIN)
     if cutoff > oldest:
         raise ConfigError(
