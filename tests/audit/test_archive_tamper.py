@@ -118,3 +118,11 @@ def test_the_checkpoint_anchors_the_manifest_whatever_the_archive_path_is_called
     _edit(manifest, lambda d: d.update(before="2000-01-01T00:00:00Z"))
     code, out = _verify(url, cps, str(tmp_path / "arch"))
     assert code == 1 and "does not match the one recorded in the store's prune checkpoint" in out, out
+
+
+def test_a_checkpoint_file_that_is_a_device_is_refused_not_read(archived: tuple[str, Path, Path]) -> None:
+    url, cps, _ = archived
+    cps.unlink()
+    cps.symlink_to("/dev/zero")
+    res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--from-archive", "arch")
+    assert res.code == 2 and "not a checkpoint file (not a regular file)" in res.err, res.err
