@@ -45,3 +45,23 @@ def test_without_a_ring_there_is_no_window_to_keep(store: str, tmp_path: Path) -
     res = cli("audit", "prune", "--before", "1s", "--audit", store, "--keystore", str(tmp_path / "none.json"),
               "--to", str(tmp_path / "cps.jsonl"))  # fmt: skip
     assert res.code == 0, res.err
+
+
+@pytest.mark.parametrize("command", ["prune", "archive"])
+def test_a_second_prune_or_archive_of_one_checkpoint_file_waits_its_turn(
+    store: str, tmp_path: Path, command: str
+) -> None:
+    """Two overlapping runs recorded their cuts and manifests out of order (the older archive's reference
+    last) and left the archive unverifiable: a run holds ``CHECKPOINTS.lock``, as the sidecar's retention
+    does, and another run exits 75 (retry later) and changes nothing."""
+    from mrtr_keys.audit.prune import pruner_lock
+
+    cps = tmp_path / "cps.jsonl"
+    args = ["--to", str(cps)] if command == "prune" else ["--to", str(tmp_path / "arch"), "--checkpoints", str(cps)]
+    with pruner_lock(cps) as held:
+        assert held
+        res = cli("audit", command, "--before", "1s", "--audit", store, "--keystore", str(tmp_path / "none"), *args)
+    assert res.code == 75 and f"another prune or archive is using {cps}" in res.err, res.err
+    assert not cps.exists() and not (tmp_path / "arch" / "manifests").exists()
+    res = cli("audit", command, "--before", "1s", "--audit", store, "--keystore", str(tmp_path / "none"), *args)
+    assert res.code == 0 and cps.exists(), res.err
