@@ -152,6 +152,8 @@ def open_destination(uri: str, *, retain_days: float | None = None, retain_mode:
     Raises:
         ConfigError: a bad location, or retention asked of a directory.
     """
+    if not uri.strip():  # an unset shell variable (--to "$DIR") would have meant the current directory
+        raise ConfigError("the archive location is empty: give a directory path or s3://BUCKET/PREFIX")
     if uri.startswith("s3://"):
         from mrtr_keys.audit.archive_s3 import S3Destination
 
