@@ -101,5 +101,11 @@ class AuditError(MrtrKeysError):
     """The audit store cannot be opened, read or written (bad URL, I/O or database error)."""
 
 
+class AuditBusy(AuditError):
+    """Another prune or archive of this checkpoint file is running (exit 75: retry later)."""
+
+    exit_code = 75
+
+
 class ReplayStoreUnavailable(BackendUnavailable):
     """The single-use (replay) store could not be reached or answered with an error (docs/single-use.md)."""

@@ -119,6 +119,7 @@ def test_bad_archive_locations_are_one_line_errors(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     for to, extra, text in [
         ("ftp://x/y", (), "use a directory path or s3://BUCKET/PREFIX"),
+        ("", (), "the archive location is empty"),  # --to "$UNSET" archived to the current directory
         (str(tmp_path / "a"), ("--retain-days", "3"), "apply to an s3:// archive"),
     ]:
         res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", to, *extra)

@@ -91,6 +91,29 @@ def test_killed_child_makes_the_sink_unhealthy_counts_drops_and_recovers(
     assert verify(sink.store.records()).ok
 
 
+def test_sigterm_to_the_process_group_leaves_the_writer_to_the_parent(
+    tmp_path: Path, make_sink: Callable[..., AuditSink]
+) -> None:
+    """systemd's stop (KillMode=control-group) sends SIGTERM to every process of the unit at once: the
+    writer keeps storing what it was shipped, and ends when the parent closes it after its flush."""
+    sink = make_sink(f"sqlite://{tmp_path}/audit.db", mode="process")
+    sink.record("seal", kid="aaaaaaaa", token="mk1.AAAA")
+    assert sink.flush(timeout=30)
+    child = sink.child_pid
+    assert child is not None
+    os.kill(child, signal.SIGSTOP)  # shipped but not yet stored when the SIGTERM arrives
+    for _ in range(5):
+        sink.record("seal", kid="bbbbbbbb", token="mk1.BBBB")
+    assert not sink.flush(timeout=0.5)
+    os.kill(child, signal.SIGTERM)
+    os.kill(child, signal.SIGCONT)
+    assert sink.flush(timeout=30)
+    assert sink.healthy and sink.child_pid == child and sink.children_started == 1 and sink.dropped == 0
+    assert [r.event.kid for r in sink.store.query(Query(op="seal"))] == ["aaaaaaaa"] + ["bbbbbbbb"] * 5
+    sink.close()
+    assert _gone(child)
+
+
 _PARENT = textwrap.dedent(
     """
     import os, sys

@@ -33,3 +33,27 @@ def test_a_ring_over_tls_verified_with_the_ca_bundle(openbao_tls: OpenBao) -> No
     create_ring(store)
     assert run_step(store, "begin").ring.generation == 2
     assert store.revision() == "2" and store.load().generation == 2
+
+
+def test_a_revoked_login_token_is_replaced_by_a_new_login(openbao: OpenBao, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token the client logged in for (AppRole here; the Kubernetes login takes the same path) that Vault
+    no longer honours (revoked, or lost with a restarted dev server) answers 403: the client logs in again
+    and the read succeeds, instead of failing until 80 % of the token's TTL has passed."""
+    from mrtr_keys.providers.vault import client as vault_client
+
+    name = f"relogin-{secrets.token_hex(3)}"
+    policy = f'path "secret/data/{name}" {{ capabilities = ["read", "create", "update"] }}'
+    openbao.api("PUT", f"sys/policies/acl/{name}", {"policy": policy})
+    try:
+        openbao.api("POST", "sys/auth/approle", {"type": "approle"})
+    except RuntimeError as exc:
+        assert "path is already in use" in str(exc)
+    openbao.api("POST", f"auth/approle/role/{name}", {"token_policies": [name], "token_ttl": "1h"})
+    role_id = openbao.api("GET", f"auth/approle/role/{name}/role-id")["data"]["role_id"]  # type: ignore[index]
+    secret_id = openbao.api("POST", f"auth/approle/role/{name}/secret-id")["data"]["secret_id"]  # type: ignore[index]
+    client = VaultClient(VaultSettings(addr=openbao.addr, role_id=str(role_id), secret_id=str(secret_id)))
+    store = VaultKVKeystore("secret", name, client=client)
+    ring = create_ring(store).ring
+    monkeypatch.setattr(vault_client, "RELOGIN_AFTER_403", 0.0, raising=False)
+    openbao.api("POST", "auth/token/revoke", {"token": client._hvac.token})
+    assert store.load() == ring

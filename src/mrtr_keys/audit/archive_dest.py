@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Protocol
@@ -41,8 +42,9 @@ class Destination(Protocol):
     def put_bytes(self, name: str, data: bytes) -> None:
         """Publish `data` as `name`. Raises AuditError."""
 
-    def get(self, name: str) -> bytes | None:
-        """The bytes of `name`, or None if there is no such object. Raises AuditError."""
+    def get(self, name: str, max_bytes: int | None = None) -> bytes | None:
+        """The bytes of `name`, or None if there is no such object; with `max_bytes`, at most its
+        first ``max_bytes + 1`` (enough to tell that it is longer). Raises AuditError."""
 
     def list(self, prefix: str) -> list[str]:
         """Names starting with `prefix`, sorted. Raises AuditError."""
@@ -105,13 +107,25 @@ class DirDestination:
         except OSError as exc:
             raise AuditError(f"cannot write {self.root / name}: {exc.strerror}") from None
 
-    def get(self, name: str) -> bytes | None:
+    def get(self, name: str, max_bytes: int | None = None) -> bytes | None:
+        """Only a regular file is read (a FIFO or device in its place, such as a link to /dev/zero,
+        is refused without blocking), and at most ``max_bytes + 1`` of it."""
+        path = self.root / name
         try:
-            return (self.root / name).read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise AuditError(f"cannot read {self.root / name}: {exc.strerror}") from None
+            raise AuditError(f"cannot read {path}: {exc.strerror}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise AuditError(f"cannot read {path}: not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read() if max_bytes is None else f.read(max_bytes + 1)
+        except OSError as exc:
+            raise AuditError(f"cannot read {path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
 
     def list(self, prefix: str) -> list[str]:
         base = self.root / prefix
@@ -138,6 +152,8 @@ def open_destination(uri: str, *, retain_days: float | None = None, retain_mode:
     Raises:
         ConfigError: a bad location, or retention asked of a directory.
     """
+    if not uri.strip():  # an unset shell variable (--to "$DIR") would have meant the current directory
+        raise ConfigError("the archive location is empty: give a directory path or s3://BUCKET/PREFIX")
     if uri.startswith("s3://"):
         from mrtr_keys.audit.archive_s3 import S3Destination
 

@@ -148,16 +148,21 @@ class S3Destination:
     def put_bytes(self, name: str, data: bytes) -> None:
         self._put(name, data)
 
-    def get(self, name: str) -> bytes | None:
+    def get(self, name: str, max_bytes: int | None = None) -> bytes | None:
         from botocore.exceptions import ClientError
 
+        kw: dict[str, Any] = {"Key": self._key(name)}
+        if max_bytes is not None:
+            kw["Range"] = f"bytes=0-{max_bytes}"  # RFC 9110 14.1.2: first max_bytes + 1 bytes
         try:
-            obj = self.client().get_object(Bucket=self.bucket, Key=self._key(name))
+            obj = self.client().get_object(Bucket=self.bucket, **kw)
             return bytes(obj["Body"].read())
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
-        return bytes(self._call(f"read {self._key(name)} in", "get_object", Key=self._key(name))["Body"].read())
+            if exc.response.get("Error", {}).get("Code") == "InvalidRange":  # an empty object
+                return b""
+        return bytes(self._call(f"read {self._key(name)} in", "get_object", **kw)["Body"].read())
 
     def list(self, prefix: str) -> list[str]:
         names: list[str] = []

@@ -68,17 +68,60 @@ def _fail(detail: str, writer: str = "", seq: int = 0, when: str | None = None) 
     return _Stop(Break(KIND, writer, 0, seq, when, detail))
 
 
+MANIFEST_MAX = 256 * 1024 * 1024
+"""Bytes a manifest may have (about 400,000 segment entries): a larger file is not read whole."""
+
+
 def _manifest(dest: Destination, name: str) -> tuple[dict[str, Any], str]:
-    data = dest.get(name)
+    data = dest.get(name, MANIFEST_MAX)
     if data is None:
         raise _fail(f"manifest {name} is missing from {dest.uri}")
+    if len(data) > MANIFEST_MAX:
+        raise _fail(f"manifest {name} is larger than {MANIFEST_MAX:,} bytes (not a manifest mrtr-keys wrote)")
     try:
         doc = json.loads(data)
     except ValueError:
         raise _fail(f"manifest {name} is not JSON (changed after archiving)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("segments"), list):
         raise _fail(f"manifest {name} is not an mrtr-keys archive manifest ({FORMAT})")
+    problem = _manifest_problem(doc)
+    if problem:
+        raise _fail(f"manifest {name} is not a valid archive manifest: {problem} (changed after archiving?)")
     return doc, hashlib.sha256(data).hexdigest()
+
+
+_INTS = ("first_seq", "last_seq", "prev_seq", "records", "bytes")
+_STRS = ("file", "writer", "prev_hash", "hash", "sha256")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _safe_name(name: object, folder: str) -> bool:
+    """A relative ``FOLDER/...`` name inside the archive: no absolute path, ``..`` or empty part."""
+    if not isinstance(name, str) or not name.startswith(folder + "/") or "\\" in name or "\0" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _manifest_problem(doc: dict[str, Any]) -> str | None:
+    """What makes `doc` (a manifest with a segment list) unusable, or None: every value `verify`
+    reads has its type, and every file name stays inside the archive."""
+    for i, seg in enumerate(doc["segments"]):
+        if not isinstance(seg, dict):
+            return f"segment entry {i} is not an object"
+        bad = [k for k in _INTS if not _is_int(seg.get(k))] + [k for k in _STRS if not isinstance(seg.get(k), str)]
+        if bad:
+            return f"segment entry {i} has no valid {', '.join(bad)}"
+        if not _safe_name(seg["file"], "segments"):
+            return f"segment entry {i} names a file outside the archive's segments/ ({seg['file']!r})"
+    prev = doc.get("previous")
+    if prev is not None and not (
+        isinstance(prev, dict) and _safe_name(prev.get("manifest"), "manifests") and isinstance(prev.get("sha256"), str)
+    ):
+        return "its 'previous' link is not a manifest name and SHA-256"
+    return None
 
 
 def manifest_chain(
@@ -88,8 +131,15 @@ def manifest_chain(
     by an interrupted run). Raises `_Stop` on a broken chain of manifests."""
     names = [n for n in dest.list("manifests/") if n.endswith(".json")]
     anchor = last_archive(docs)
-    if anchor is not None and anchor.get("location") not in (None, dest.uri):
-        anchor = None  # the newest archive went elsewhere: check this one on its own links
+    if (
+        anchor is not None
+        and anchor.get("location") not in (None, dest.uri)
+        and dest.get(str(anchor["manifest"]), 0) is None
+    ):
+        # the newest archive went elsewhere: check this one on its own links. (The same archive named
+        # another way, ./a vs /abs/a, or copied to locked storage, holds the manifest: still checked
+        # against the SHA-256 the checkpoint recorded.)
+        anchor = None
     loaded: dict[str, tuple[dict[str, Any], str]] = {}
     if anchor is not None:
         newest = str(anchor["manifest"])
@@ -150,7 +200,7 @@ def _feed_segment(dest: Destination, seg: dict[str, Any], manifest: str, walker:
     """Check segment `seg` of `manifest` and feed its records to `walker` `page` at a time (memory:
     the compressed file and one page); returns how many it held. Raises `_Stop`."""
     name, writer, first = str(seg["file"]), str(seg["writer"]), int(seg["first_seq"])
-    data = dest.get(name)
+    data = dest.get(name, int(seg["bytes"]))
     if data is None:
         raise _fail(f"segment {name} listed in manifest {manifest} is missing", writer, first, seg.get("first_time"))
     if len(data) != seg.get("bytes") or hashlib.sha256(data).hexdigest() != seg.get("sha256"):
@@ -171,7 +221,10 @@ def _feed_segment(dest: Destination, seg: dict[str, Any], manifest: str, walker:
                 break
             if (count == 0 and rows[0][13] != first) or any(len(r) != 16 or r[12] != writer for r in rows):
                 raise _fail(f"segment {name} does not hold what manifest {manifest} lists for it", writer, first)
-            walker.feed(rows)
+            try:
+                walker.feed(rows)
+            except (TypeError, ValueError, AttributeError):  # a value of the wrong type (a rewritten segment)
+                raise _fail(f"segment {name} holds records that are not audit records", writer, first) from None
             broken = walker.broken()
             if broken:
                 b = broken[0]

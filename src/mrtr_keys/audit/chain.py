@@ -376,11 +376,13 @@ def read_checkpoints(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The checkpoint documents in `path` (none if it does not exist).
 
     Raises:
-        ConfigError: a line is not a checkpoint document.
+        ConfigError: a line is not a checkpoint document, or `path` is not a regular file.
     """
     p = Path(path)
     if not p.exists():
         return
+    if not p.is_file():  # a directory, FIFO or device (a link to /dev/zero was read until memory ran out)
+        raise ConfigError(f"{p}: not a checkpoint file (not a regular file)")
     with p.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():

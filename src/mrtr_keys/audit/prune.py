@@ -23,9 +23,13 @@ SQLite and PostgreSQL stores; a JSON-lines log is rotated by its shipper instead
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from mrtr_keys.audit.chain import append_checkpoint
@@ -174,3 +178,31 @@ def _delete(store: Any, limits: dict[str, int], high: int, page: int, progress: 
         if progress is not None:
             progress("delete", deleted, time.monotonic() - started)
     return deleted
+
+
+@contextmanager
+def pruner_lock(checkpoints: str | os.PathLike[str]) -> Iterator[bool]:
+    """Hold the exclusive lock file ``CHECKPOINTS.lock`` (`flock`, released on exit or process
+    death) while a prune or archive reads and appends `checkpoints`; yields False at once if another
+    process of this host holds it. Two runs that overlapped recorded their cuts and manifests out of
+    order (the older archive's reference last), which left the archive unverifiable.
+
+    Raises:
+        AuditError: the lock file cannot be created.
+    """
+    path = Path(checkpoints)
+    lock = path.with_name(path.name + ".lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise AuditError(f"cannot open {lock}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -18,9 +18,7 @@ keeps working. Rules:
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -112,7 +110,7 @@ class Retention:
 
     def run_once(self) -> bool:
         """One run (what the thread does each interval); True if it succeeded. Never raises."""
-        from mrtr_keys.audit.prune import prune
+        from mrtr_keys.audit.prune import prune, pruner_lock
         from mrtr_keys.audit.stores.url import open_store
 
         now = time.time()
@@ -128,30 +126,22 @@ class Retention:
                     f"{records:,} records (nothing deleted; tried again in {self.interval:g} s)"
                 )
 
-        lock = self.checkpoints.with_name(self.checkpoints.name + ".lock")
         try:
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            return self._failed(f"audit retention: cannot open {lock}: {exc.strerror}")
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                log.info("audit retention: another process is pruning (%s held); skipping this run", lock)
-                return False
-            store: Any = open_store(self.url)
-            try:
-                docs = [d for d in read_checkpoints(self.checkpoints) if d.get("store") in (None, store.url)]
-                result = prune(store, before, docs, str(self.checkpoints), now=now, progress=progress)
-            finally:
-                store.close()
+            with pruner_lock(self.checkpoints) as held:
+                if not held:
+                    log.info("audit retention: another process is pruning (%s.lock held); skipping this run",
+                             self.checkpoints)  # fmt: skip
+                    return False
+                store: Any = open_store(self.url)
+                try:
+                    docs = [d for d in read_checkpoints(self.checkpoints) if d.get("store") in (None, store.url)]
+                    result = prune(store, before, docs, str(self.checkpoints), now=now, progress=progress)
+                finally:
+                    store.close()
         except MrtrKeysError as exc:
             return self._failed(str(exc))
         except Exception as exc:  # a background loop never dies of one bad run
             return self._failed(f"audit retention: {type(exc).__name__}: {exc}")
-        finally:
-            os.close(fd)  # releases the lock
         self.runs += 1
         self.last_success = time.time()
         self.last_error = None

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
-from mrtr_keys.cli.audit_prune_cmd import _refuse_inside_gate_window
+from mrtr_keys.cli.audit_prune_cmd import _refuse_inside_gate_window, locked_docs
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 
 CheckpointsOpt = Annotated[
@@ -54,7 +54,6 @@ def archive(
     (the prune's checkpoint records the manifest's SHA-256). Check with `audit verify --from-archive`."""
     from mrtr_keys.audit.archive import archive as archive_store
     from mrtr_keys.audit.archive_dest import open_destination
-    from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import parse_when
     from mrtr_keys.cli.output import print_json, print_line
 
@@ -63,7 +62,6 @@ def archive(
     _refuse_inside_gate_window(cutoff, keystore_)
     store = _open(audit, keystore_)
     path = checkpoints or _default_checkpoints(keystore_)
-    docs = [d for d in read_checkpoints(path) if d.get("store") in (None, store.url)]
     last = [0.0]
 
     def progress(phase: str, records: int, elapsed: float) -> None:
@@ -73,7 +71,8 @@ def archive(
             sys.stderr.flush()
 
     try:
-        result = archive_store(store, cutoff, docs, path, dest, progress=progress)
+        with locked_docs(path, store.url) as docs:
+            result = archive_store(store, cutoff, docs, path, dest, progress=progress)
     finally:
         store.close()
     if json_:

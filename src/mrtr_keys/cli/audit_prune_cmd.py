@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,7 +38,6 @@ def prune(
 ) -> None:
     """Delete events older than --before, chain by chain at batch boundaries, after verifying them and
     recording each chain's cut in the checkpoint file (`audit verify` then starts there)."""
-    from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import format_ts, parse_when
     from mrtr_keys.audit.prune import prune as prune_store
     from mrtr_keys.cli.output import print_json, print_line
@@ -45,7 +46,6 @@ def prune(
     _refuse_inside_gate_window(cutoff, keystore_)
     store = _open(audit, keystore_)
     path = to or _default_checkpoints(keystore_)
-    docs = [d for d in read_checkpoints(path) if d.get("store") in (None, store.url)]
     last = [0.0]
 
     def progress(phase: str, records: int, elapsed: float) -> None:
@@ -55,7 +55,8 @@ def prune(
             sys.stderr.flush()
 
     try:
-        result = prune_store(store, cutoff, docs, str(path), progress=progress)
+        with locked_docs(path, store.url) as docs:
+            result = prune_store(store, cutoff, docs, str(path), progress=progress)
     finally:
         store.close()
     if json_:
@@ -70,16 +71,45 @@ def prune(
 
 
 def _refuse_inside_gate_window(cutoff: str, keystore_: str | None) -> None:
-    """The retire gate reads the last TTL of seal events: never prune inside the ring's TTL + 60 s."""
+    """The retire gate reads the last TTL of seal events: never prune inside the ring's TTL + 60 s.
+
+    Raises:
+        ConfigError: the cut-off is inside that window, or the key ring exists but cannot be read
+        (a keystore outage or a damaged ring must not turn the check off).
+    """
     from mrtr_keys.audit.events import format_ts
+    from mrtr_keys.errors import KeyRingNotFound
 
     try:
         ring = _keystore(keystore_).load()
-    except Exception:  # no ring here (a store named by --audit alone): no gate reads this log
+    except KeyRingNotFound:  # no ring here (a store named by --audit alone): no gate reads this log
         return
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read the key ring to keep --before out of the window the rotation gates read: {exc}"
+        ) from None
     oldest = format_ts(time.time() - ring.ttl_seconds - GATE_MARGIN)
     if cutoff > oldest:
         raise ConfigError(
             f"--before {cutoff} is inside the window the rotation gates read (the ring's TTL, "
             f"{ring.ttl_seconds:g} s, plus {GATE_MARGIN:g} s): choose a time before {oldest}"
         )
+
+
+@contextmanager
+def locked_docs(path: Path, store_url: str) -> Iterator[list[dict[str, Any]]]:
+    """Hold the checkpoint file's pruner lock and yield its documents for `store_url`.
+
+    Raises:
+        AuditBusy: another prune or archive (or a sidecar's retention) holds the lock.
+    """
+    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.prune import pruner_lock
+    from mrtr_keys.errors import AuditBusy
+
+    with pruner_lock(path) as held:
+        if not held:
+            raise AuditBusy(
+                f"another prune or archive is using {path} (its .lock is held); nothing was changed, try again"
+            )
+        yield [d for d in read_checkpoints(path) if d.get("store") in (None, store_url)]

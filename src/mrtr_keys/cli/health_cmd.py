@@ -37,7 +37,7 @@ def health(
     import time
 
     from mrtr_keys.cli.output import print_json, print_line
-    from mrtr_keys.codecs.sidecar_client import sidecar_transport
+    from mrtr_keys.codecs.sidecar_transport import sidecar_transport
 
     port = os.environ.get("MRTR_KEYS_PORT")
     target = url or (f"http://127.0.0.1:{port}" if port else DEFAULT_URL)
@@ -65,7 +65,7 @@ def _check(target: str, path: str, ready: bool, timeout: float) -> None:
     """One request; raises `MrtrKeysError` (exit 1) unless the answer is 200."""
     import httpx
 
-    from mrtr_keys.codecs.sidecar_client import sidecar_transport
+    from mrtr_keys.codecs.sidecar_transport import sidecar_transport
     from mrtr_keys.urls import redact
 
     base, transport = sidecar_transport(target)

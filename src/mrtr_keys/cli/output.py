@@ -47,12 +47,16 @@ def print_table(
 ) -> None:
     """A rich table on stdout (plain text when stdout is not a terminal).
 
+    Cells are plain text: never read as rich markup or ``:emoji:`` codes (an instance id
+    ``host:100:...`` stays as written, and a ``[/x]`` in a stored value cannot break the table).
+
     `compact`: no vertical rules and one space of padding, for tables whose columns were chosen to
     fit an 80-column terminal (the ``--wide`` variants print every column with rules).
     """
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     if compact:
         table = Table(
@@ -63,7 +67,7 @@ def print_table(
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        table.add_row(*(Text("" if v is None else str(v)) for v in row))
     console = Console(soft_wrap=True)
     if not console.is_terminal:  # piped: never cut columns to a guessed 80; let the table be as wide as it is
         console = Console(soft_wrap=True, width=max(console.width, 400))

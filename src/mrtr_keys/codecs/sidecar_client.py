@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any, NoReturn
-from urllib.parse import unquote, urlparse
 
 import httpx
 import orjson
 from mcp.server.mcpserver import InvalidRequestState, RequestStateSecurity
 
+from mrtr_keys.codecs.sidecar_transport import sidecar_transport
 from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode
 from mrtr_keys.urls import redact
@@ -206,30 +206,6 @@ def _refused(status: int, doc: dict[str, Any], op: str) -> NoReturn:
     if status == 422:
         raise ConfigError(f"the sidecar refused the request (422): {doc.get('detail')}")
     raise BackendUnavailable(f"sidecar answered {status} to {op}")
-
-
-def sidecar_transport(url: str) -> tuple[str, httpx.HTTPTransport]:
-    """``(base_url, transport)`` for a sidecar at ``http://host:port``, ``https://host:port`` or ``unix:///path``.
-
-    The transport never retries (``retries=0``): a retry is the caller's decision. Used by `SidecarCodec` and
-    by ``mrtr-keys health``.
-
-    Raises:
-        ConfigError: any other scheme, a Unix socket URL with a host or without a path, or a non-string.
-    """
-    if not isinstance(url, str):
-        raise ConfigError("the sidecar URL must be a string")
-    parsed = urlparse(url)
-    if parsed.scheme == "unix":
-        path = unquote(parsed.path)
-        if parsed.netloc or not path:
-            raise ConfigError("a Unix socket URL is unix:///absolute/path/to/sidecar.sock")
-        return "http://sidecar", httpx.HTTPTransport(uds=path, retries=0)
-    if parsed.scheme == "http" and parsed.hostname:
-        return url.rstrip("/"), httpx.HTTPTransport(retries=0)
-    if parsed.scheme == "https" and parsed.hostname:
-        return url.rstrip("/"), httpx.HTTPTransport(retries=0)
-    raise ConfigError(f"unsupported sidecar URL {redact(url)!r} (use http://HOST:PORT or unix:///PATH)")
 
 
 def sidecar_security(

@@ -21,8 +21,9 @@ stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from 
   chain stays gap-free, and meanwhile stops reading, so the parent's queue fills and drops).
 
 The child exits by itself on EOF (the parent closed the pipe or died), after storing every batch
-it has read. It ignores SIGINT (a Ctrl-C in the terminal reaches the whole process group; the
-parent decides when it ends). If the parent is gone while the store stays unwritable, it gives up
+it has read. It ignores SIGINT and SIGTERM (a Ctrl-C in the terminal reaches the whole process
+group, and so does systemd's stop with its default ``KillMode=control-group``; the parent decides
+when it ends, after flushing). If the parent is gone while the store stays unwritable, it gives up
 after `ORPHAN_GIVE_UP` seconds.
 """
 
@@ -270,6 +271,7 @@ def main() -> int:
     while the store fails, the reader stops at the handover and stops reading.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     status_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the status pipe
     parent = os.getppid()

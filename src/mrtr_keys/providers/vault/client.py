@@ -53,6 +53,9 @@ from mrtr_keys.errors import BackendUnavailable, ConfigError, MrtrKeysError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_RETRIES = 2
+RELOGIN_AFTER_403 = 5.0
+"""Seconds a logged-in token must have been in use before a 403 makes the client log in again
+(a token revoked or lost with a restarted server is replaced; a denying policy is not hammered)."""
 DEFAULT_K8S_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
 """Where the kubelet mounts a pod's service-account token (unless automounting is off)."""
 MAX_JWT_BYTES = 64 * 1024
@@ -213,6 +216,7 @@ class VaultClient:
         self._requests = requests
         self._login_lock = threading.Lock()
         self._login_expires: float | None = None
+        self._login_at: float | None = None
 
     def __repr__(self) -> str:
         return f"VaultClient(addr={self.settings.addr!r}, namespace={self.settings.namespace!r})"
@@ -242,7 +246,26 @@ class VaultClient:
             VaultRefused: HTTP 4xx (never retried).
         """
         self._ensure_login()
+        try:
+            return self._send(method, path, payload, idempotent=idempotent)
+        except VaultRefused as exc:
+            if exc.status != 403 or not self._drop_login():
+                raise
+        # the token this instance logged in for was refused: revoked, or lost by a restarted server.
+        # A 403 means the request was not served, so one fresh login and one resend are safe.
+        self._ensure_login()
         return self._send(method, path, payload, idempotent=idempotent)
+
+    def _drop_login(self) -> bool:
+        """Forget a logged-in token older than `RELOGIN_AFTER_403` seconds; True if one was dropped
+        (a static VAULT_TOKEN, or a login this recent, is kept: a policy that denies is not retried)."""
+        with self._login_lock:
+            if self.settings.token is not None or self._login_at is None:
+                return False
+            if time.monotonic() - self._login_at < RELOGIN_AFTER_403:
+                return False
+            self._login_expires = self._login_at = None
+            return True
 
     def _send(self, method: str, path: str, payload: Mapping[str, Any] | None, *, idempotent: bool) -> dict[str, Any]:
         req = self._requests.exceptions
@@ -333,7 +356,8 @@ class VaultClient:
             lease = auth.get("lease_duration")
             ttl = float(lease) if isinstance(lease, int | float) and lease > 0 else 3600.0
             self._hvac.token = token
-            self._login_expires = time.monotonic() + ttl * 0.8
+            self._login_at = time.monotonic()
+            self._login_expires = self._login_at + ttl * 0.8
 
     # -- transit ---------------------------------------------------------------------------
 
