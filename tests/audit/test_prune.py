@@ -17,7 +17,10 @@ from bench.audit_log import fill
 
 from tests.fixtures.audit import cli, pg_exec, sqlite_exec
 
-EVENTS = 12_000
+EVENTS = 4_000
+TX = EVENTS // 24
+"""Events per transaction: each spans 1/24 of the 40 days the fill covers, so a cut at 30 days falls
+between whole batches of about a quarter of the log."""
 
 
 def _nth(n: int) -> str:
@@ -61,11 +64,13 @@ def _verify(url: str, cps: Path, *extra: str) -> dict[str, object]:
 
 def _pruned(url: str, tmp_path: Path) -> Path:
     cps = tmp_path / "checkpoints.jsonl"
-    fill(url, EVENTS, tx=500)
+    fill(url, EVENTS, tx=TX)
     res = cli("audit", "prune", "--before", "30d", "--audit", url, "--to", str(cps), "--json")
     assert res.code == 0, res.err
     result = json.loads(res.out)
-    assert len(result["cuts"]) == 3 and 2_500 <= result["deleted"] <= 3_000  # whole batches of 10 days' events
+    assert (
+        len(result["cuts"]) == 3 and EVENTS // 4 - TX <= result["deleted"] <= EVENTS // 4
+    )  # whole batches of 10 days' events
     return cps
 
 
@@ -74,7 +79,7 @@ def test_prune_then_verify_passes(store: tuple[str, Callable[..., None]], tmp_pa
     cps = _pruned(url, tmp_path)
     doc = _verify(url, cps)
     assert doc["ok"] and doc["pruned_before"] and doc["chains"] == 3
-    assert 9_000 <= int(doc["records"]) <= EVENTS - 2_500  # type: ignore[call-overload]
+    assert EVENTS * 3 // 4 <= int(doc["records"]) <= EVENTS - (EVENTS // 4 - TX)  # type: ignore[call-overload]
     # the cut is recorded with every chain's head (seq, batch hash, time) before anything was deleted
     cut = json.loads(cps.read_text().splitlines()[-1])
     assert cut["kind"] == "prune" and all({"writer", "seq", "hash", "time"} <= set(c) for c in cut["cuts"])
@@ -98,9 +103,10 @@ def test_after_a_prune_tampering_with_what_remains_is_caught(
 
 def test_a_delete_that_is_not_a_prune_is_caught(store: tuple[str, Callable[..., None]], tmp_path: Path) -> None:
     url, execute = store
-    fill(url, EVENTS, tx=500)
+    fill(url, EVENTS, tx=TX)
     cps = tmp_path / "checkpoints.jsonl"
-    execute(url, "DELETE FROM audit_events WHERE time < (SELECT MIN(time) FROM audit_events WHERE seq = 1700)")
+    seq = EVENTS // 7  # about the middle of each of the 3 chains
+    execute(url, f"DELETE FROM audit_events WHERE time < (SELECT MIN(time) FROM audit_events WHERE seq = {seq})")
     doc = _verify(url, cps)
     assert not doc["ok"] and doc["first_break"]["kind"] == "deleted"  # type: ignore[index]
     assert "missing" in doc["first_break"]["detail"]  # type: ignore[index]
@@ -119,7 +125,7 @@ def test_after_a_prune_deleting_older_kept_rows_by_hand_is_caught(
 
 def test_prune_refuses_a_broken_log_and_deletes_nothing(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
-    fill(url, EVENTS, tx=500)
+    fill(url, EVENTS, tx=TX)
     sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
     res = cli("audit", "prune", "--before", "30d", "--audit", url, "--to", str(tmp_path / "cp.jsonl"))
     assert res.code != 0 and "not pruning" in res.err and "altered" in res.err
