@@ -77,6 +77,14 @@ def _sidecar(ring: str, env: dict[str, str], tmp: Path, name: str, *extra: str, 
     return start_sidecar(ring, workdir=tmp / name, reload_interval=reload, extra=args, env=env)
 
 
+def _mcp_servers(pool: ServerPool, ring: str, *names: str) -> list[Any]:
+    """MCP servers on the ring (heartbeat and reload every 0.5 s), once all are ready."""
+    extra = ("--ttl", TTL, "--heartbeat-every", HEARTBEAT, "--reload-every", "0.5")
+    servers = [pool.launch(keystore=ring, instance=n, extra_args=extra) for n in names]
+    pool.wait_ready()
+    return servers
+
+
 def _step(ring: str, env: dict[str, str], *args: str) -> dict[str, Any]:
     res = run_cli("rotate", *args, "--json", keystore=ring, env=env, timeout=120)
     assert res.code == 0, res.err + res.out
@@ -125,15 +133,7 @@ def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
     sidecars: list[Sidecar] = []
     traffic: Traffic | None = None
     try:
-        servers = [
-            pool.launch(
-                keystore=ring,
-                instance=n,
-                extra_args=("--ttl", TTL, "--heartbeat-every", HEARTBEAT, "--reload-every", "0.5"),
-            )
-            for n in ("mcp-1", "mcp-2", "mcp-3")
-        ]
-        pool.wait_ready()
+        servers = _mcp_servers(pool, ring, *("mcp-1", "mcp-2", "mcp-3"))
         sidecars = [
             _sidecar(ring, env, tmp_path, "sc-1"),
             _sidecar(ring, env, tmp_path, "sc-2", reload=60),
@@ -267,15 +267,7 @@ def test_an_instance_cut_from_keystore_and_audit_store_for_40_s_rejects_nothing_
     sidecars: list[Sidecar] = []
     traffic: Traffic | None = None
     try:
-        servers = [
-            pool.launch(
-                keystore=ring,
-                instance=n,
-                extra_args=("--ttl", TTL, "--heartbeat-every", HEARTBEAT, "--reload-every", "0.5"),
-            )
-            for n in ("mcp-1", "mcp-2")
-        ]
-        pool.wait_ready()
+        servers = _mcp_servers(pool, ring, *("mcp-1", "mcp-2"))
         sidecars = [_sidecar(ring, env, tmp_path, "sc-1"), _sidecar(ring, cut_env, tmp_path, "sc-cut")]
         traffic = Traffic(
             {s.instance: s.url for s in servers}, {"sc-1": sidecars[0].url, "sc-cut": sidecars[1].url}, secret
