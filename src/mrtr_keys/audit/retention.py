@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.audit.chain import read_checkpoints
-from mrtr_keys.audit.events import format_ts, parse_when
+from mrtr_keys.audit.events import format_ts, parse_when, plural
 from mrtr_keys.errors import ConfigError, MrtrKeysError
 from mrtr_keys.urls import redact
 
@@ -148,7 +148,7 @@ class Retention:
             if phase == "verify" and (stop.is_set() or time.monotonic() - started > self.deadline):
                 raise DeadlineExceeded(
                     f"audit retention: the verifying walk passed its {self.deadline:g} s deadline after "
-                    f"{records:,} records (nothing deleted; tried again in {self.interval:g} s)"
+                    f"{plural(records, 'record', grouped=True)} (nothing deleted; tried again in {self.interval:g} s)"
                 )
 
         try:
@@ -173,7 +173,12 @@ class Retention:
         self.last_deleted = result.deleted
         self.deleted_total += result.deleted
         if result.deleted:
-            log.info("audit retention: pruned %d record(s) before %s in %.1f s", result.deleted, before, result.seconds)
+            log.info(
+                "audit retention: pruned %s before %s in %.1f s",
+                plural(result.deleted, "record"),
+                before,
+                result.seconds,
+            )
         return True
 
     def _failed(self, message: str) -> bool:
