@@ -180,7 +180,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
         looks[n] = {**_lookups(url), "retire": _retire_gate(directory)}
         for key, name in LOOKUPS.items():
             rows.append(Row(PART, f"{name}, {label}", "ms", looks[n][key] * 1000))
-        res, pseconds, ppeak = _cli("audit", "prune", "--before", "35d", "--audit", url, "--to", cps, "--json")
+        res, pseconds, ppeak = _cli("audit", "prune", "--before", "35d", "--audit", url, "--checkpoints", cps, "--json")
         deleted = int(res["deleted"])  # type: ignore[call-overload]
         rows.append(
             Row(PART, f"audit prune --before 35d, {label}", "events/s", deleted / pseconds, note=f"{deleted:,} deleted")

@@ -59,13 +59,13 @@ def test_archive_to_a_directory_prunes_and_verify_from_archive_passes(
     cut = json.loads(cps.read_text().splitlines()[-1])
     assert cut["kind"] == "prune" and cut["archive"]["manifest"] == result["manifest"]
     code, out = _verify(url, cps, str(to))
-    assert code == 0 and out.startswith(f"ok: {EVENTS} records in 3 chain(s)"), out
+    assert code == 0 and out.startswith(f"ok: {EVENTS} records in 3 chains"), out
     # a second run chains its manifest to the first; archive and live store still verify as one
     second = _archive(url, cps, str(to), "20d")
     assert second["archived"] == second["deleted"] > 2_000
     assert json.loads((to / second["manifest"]).read_text())["previous"]["manifest"] == result["manifest"]
     code, out = _verify(url, cps, str(to))
-    assert code == 0 and f"of them from {result['segments'] + second['segments']} archived segment(s) in 2" in out, out
+    assert code == 0 and f"of them from {result['segments'] + second['segments']} archived segments in 2" in out, out
 
 
 def _reorder(manifest: Path) -> None:
@@ -110,7 +110,7 @@ def test_a_damaged_archive_fails_verify_with_a_clear_message(
 
 def test_a_prune_without_the_archive_is_caught(archived: tuple[str, Path, Path, dict[str, Any]]) -> None:
     url, cps, to, _ = archived
-    assert cli("audit", "prune", "--before", "20d", "--audit", url, "--to", str(cps)).code == 0
+    assert cli("audit", "prune", "--before", "20d", "--audit", url, "--checkpoints", str(cps)).code == 0
     code, out = _verify(url, cps, str(to))
     assert code == 1 and "pruned without an archive" in out, out
 
@@ -147,7 +147,7 @@ def test_archive_to_s3_with_object_lock_then_verify_and_tampering(s3: Any, tmp_p
     key = f"fleet-a/{manifest['segments'][1]['file']}"
     assert s3.head_object(Bucket=bucket, Key=key)["ObjectLockMode"] == "GOVERNANCE"
     code, out = _verify(url, cps, to)
-    assert code == 0 and out.startswith(f"ok: {EVENTS} records in 3 chain(s)"), out
+    assert code == 0 and out.startswith(f"ok: {EVENTS} records in 3 chains"), out
     # Object Lock keeps the archived version; a newer version (a changed byte) or a delete marker is caught
     data = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     data[len(data) // 2] ^= 0x01
@@ -175,7 +175,7 @@ def test_archive_of_a_postgresql_store_verifies(postgres_url: str, tmp_path: Pat
     result = _archive(postgres_url, cps, str(to))
     assert result["archived"] == result["deleted"] > 500
     code, out = _verify(postgres_url, cps, str(to))
-    assert code == 0 and out.startswith("ok: 3000 records in 3 chain(s)"), out
+    assert code == 0 and out.startswith("ok: 3000 records in 3 chains"), out
 
 
 def test_without_retain_days_the_bucket_default_retention_applies_and_is_named(s3: Any, tmp_path: Path) -> None:

@@ -84,8 +84,8 @@ def test_export_jsonl_and_csv_round_trip(filled: Path, tmp_path: Path) -> None:
 
 def test_verify_exit_codes_and_checkpoint(filled: Path, tmp_path: Path) -> None:
     ok = run_cli("audit", "verify", keystore=filled)  # the real console script, once
-    assert ok.code == 0 and "ok: 6 records in 1 chain(s)" in ok.out
-    cp = cli("audit", "checkpoint", "--to", str(tmp_path / "cp.jsonl"), "--json", keystore=filled)
+    assert ok.code == 0 and "ok: 6 records in 1 chain" in ok.out
+    cp = cli("audit", "checkpoint", "--checkpoints", str(tmp_path / "cp.jsonl"), "--json", keystore=filled)
     assert cp.code == 0 and cp.json()["heads"][0]["seq"] == 6
     db = sqlite3.connect(filled.parent / "audit.db")
     with db:

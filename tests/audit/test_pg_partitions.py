@@ -83,7 +83,7 @@ def test_prune_drops_whole_partitions_before_the_cut(postgres_url: str, tmp_path
         before = store.partition_days()
     finally:
         store.close()
-    res = cli("audit", "prune", "--before", "30d", "--audit", postgres_url, "--to", str(cps), "--json")
+    res = cli("audit", "prune", "--before", "30d", "--audit", postgres_url, "--checkpoints", str(cps), "--json")
     assert res.code == 0, res.err
     deleted = json.loads(res.out)["deleted"]
     store = PostgresStore(postgres_url)
@@ -116,7 +116,7 @@ def test_migrate_partitions_a_schema_3_store_keeping_every_event(postgres_url: s
     cps = tmp_path / "checkpoints.jsonl"
     _schema_3_store(postgres_url)
     fill(postgres_url, 4_000, tx=500, span=20 * DAY)  # written in the old layout (opened at schema 3)
-    assert cli("audit", "checkpoint", "--audit", postgres_url, "--to", str(cps)).code == 0
+    assert cli("audit", "checkpoint", "--audit", postgres_url, "--checkpoints", str(cps)).code == 0
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'audit_events'").fetchone() == ("r",)
         old = conn.execute("SELECT * FROM audit_events ORDER BY id").fetchall()

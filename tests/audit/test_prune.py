@@ -65,7 +65,7 @@ def _verify(url: str, cps: Path, *extra: str) -> dict[str, object]:
 def _pruned(url: str, tmp_path: Path) -> Path:
     cps = tmp_path / "checkpoints.jsonl"
     fill(url, EVENTS, tx=TX)
-    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--to", str(cps), "--json")
+    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(cps), "--json")
     assert res.code == 0, res.err
     result = json.loads(res.out)
     assert (
@@ -84,7 +84,7 @@ def test_prune_then_verify_passes(store: tuple[str, Callable[..., None]], tmp_pa
     cut = json.loads(cps.read_text().splitlines()[-1])
     assert cut["kind"] == "prune" and all({"writer", "seq", "hash", "time"} <= set(c) for c in cut["cuts"])
     # a second prune with the same cut-off deletes nothing more and verify still passes
-    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--to", str(cps), "--json")
+    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(cps), "--json")
     assert res.code == 0 and json.loads(res.out)["deleted"] == 0, res.err
     assert _verify(url, cps)["ok"]
 
@@ -127,7 +127,7 @@ def test_prune_refuses_a_broken_log_and_deletes_nothing(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     fill(url, EVENTS, tx=TX)
     sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
-    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--to", str(tmp_path / "cp.jsonl"))
+    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(tmp_path / "cp.jsonl"))
     assert res.code != 0 and "not pruning" in res.err and "altered" in res.err
     assert len(res.err.strip().splitlines()) == 1
     assert not (tmp_path / "cp.jsonl").exists()
@@ -139,7 +139,7 @@ def test_prune_refuses_a_broken_log_and_deletes_nothing(tmp_path: Path) -> None:
 def test_prune_refuses_a_jsonl_log(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     fill(f"jsonl://{path}", 100)
-    res = cli("audit", "prune", "--before", "30d", "--audit", f"jsonl://{path}", "--to", str(tmp_path / "cp"))
+    res = cli("audit", "prune", "--before", "30d", "--audit", f"jsonl://{path}", "--checkpoints", str(tmp_path / "cp"))
     assert res.code == 2 and "log shipper" in res.err
 
 
@@ -147,7 +147,7 @@ def test_verify_since_a_checkpoint_starts_at_its_heads(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     cps = tmp_path / "checkpoints.jsonl"
     fill(url, 3_000, tx=500, span=3 * 86_400, start=1_700_000_000.0)
-    assert cli("audit", "checkpoint", "--audit", url, "--to", str(cps)).code == 0
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
     fill(url, 2_000, tx=500, host="later-host", span=86_400, start=1_700_300_000.0)
     # an edit before the checkpoint: a full verify sees it, a verify since the checkpoint does not look there
     sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
@@ -167,11 +167,26 @@ def test_after_a_prune_verify_since_last_starts_at_the_newest_checkpoint(tmp_pat
     url = f"sqlite://{tmp_path}/audit.db"
     cps = tmp_path / "checkpoints.jsonl"
     fill(url, 3_000, tx=500, span=3 * 86_400, start=1_700_000_000.0)  # 2023-11-14T22:13Z onwards
-    assert cli("audit", "checkpoint", "--audit", url, "--to", str(cps)).code == 0
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
     fill(url, 2_000, tx=500, host="later-host", span=86_400, start=1_700_300_000.0)
-    res = cli("audit", "prune", "--before", "2023-11-16", "--audit", url, "--to", str(cps), "--json")
+    res = cli("audit", "prune", "--before", "2023-11-16", "--audit", url, "--checkpoints", str(cps), "--json")
     assert res.code == 0 and json.loads(res.out)["deleted"] >= 500, res.err
     doc = _verify(url, cps, "--since", "last")  # the checkpoint's heads, not the prune's cuts
     assert doc["ok"] and doc["records"] == 2_000 and doc["pruned_before"] == "2023-11-16T00:00:00.000000Z"
     full = _verify(url, cps)
     assert full["ok"] and int(full["records"]) == 5_000 - json.loads(res.out)["deleted"]  # type: ignore[call-overload]
+
+
+def test_the_old_to_spelling_of_checkpoints_still_works_with_a_note(tmp_path: Path) -> None:
+    """`audit prune --to` / `audit checkpoint --to` were renamed --checkpoints (as `audit archive` names its
+    checkpoint file); the old spelling keeps working for scripts, with a one-line note on stderr."""
+    url = f"sqlite://{tmp_path}/audit.db"
+    cps = tmp_path / "checkpoints.jsonl"
+    fill(url, 3_000, tx=500, span=3 * 86_400, start=1_700_000_000.0)
+    done = cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--json")
+    assert done.code == 0 and json.loads(done.out)["written_to"] == str(cps), done.err
+    assert done.err.strip() == "mrtr-keys: note: audit checkpoint --to is now --checkpoints (--to still works)"
+    res = cli("audit", "prune", "--before", "2023-11-16", "--audit", url, "--to", str(cps))
+    assert res.code == 0 and f"cut recorded in {cps}" in res.out, res.err
+    assert res.err.strip() == "mrtr-keys: note: audit prune --to is now --checkpoints (--to still works)"
+    assert _verify(url, cps)["ok"]

@@ -24,7 +24,7 @@ def store(tmp_path: Path) -> str:
 def test_a_cut_off_inside_the_gate_window_is_refused(store: str, tmp_path: Path, command: str) -> None:
     ring = tmp_path / "ring" / "keyring.json"
     assert cli("init", "--keystore", str(ring)).code == 0
-    to = ["--to", str(tmp_path / "cps.jsonl")] if command == "prune" else ["--to", str(tmp_path / "arch")]
+    to = ["--checkpoints", str(tmp_path / "cps.jsonl")] if command == "prune" else ["--to", str(tmp_path / "arch")]
     res = cli("audit", command, "--before", "1s", "--audit", store, "--keystore", str(ring), *to)
     assert res.code == 2 and "is inside the window the rotation gates read" in res.err, res.err
 
@@ -34,7 +34,7 @@ def test_a_ring_that_cannot_be_read_refuses_the_prune_and_deletes_nothing(store:
     ring.write_text("{damaged")
     ring.chmod(0o600)
     res = cli("audit", "prune", "--before", "1s", "--audit", store, "--keystore", str(ring),
-              "--to", str(tmp_path / "cps.jsonl"))  # fmt: skip
+              "--checkpoints", str(tmp_path / "cps.jsonl"))  # fmt: skip
     assert res.code == 2 and "cannot read the key ring to keep --before out of the window" in res.err, res.err
     assert len(res.err.strip().splitlines()) == 1
     assert not (tmp_path / "cps.jsonl").exists()  # nothing cut
@@ -43,7 +43,7 @@ def test_a_ring_that_cannot_be_read_refuses_the_prune_and_deletes_nothing(store:
 
 def test_without_a_ring_there_is_no_window_to_keep(store: str, tmp_path: Path) -> None:
     res = cli("audit", "prune", "--before", "1s", "--audit", store, "--keystore", str(tmp_path / "none.json"),
-              "--to", str(tmp_path / "cps.jsonl"))  # fmt: skip
+              "--checkpoints", str(tmp_path / "cps.jsonl"))  # fmt: skip
     assert res.code == 0, res.err
 
 
@@ -57,7 +57,11 @@ def test_a_second_prune_or_archive_of_one_checkpoint_file_waits_its_turn(
     from mrtr_keys.audit.prune import pruner_lock
 
     cps = tmp_path / "cps.jsonl"
-    args = ["--to", str(cps)] if command == "prune" else ["--to", str(tmp_path / "arch"), "--checkpoints", str(cps)]
+    args = (
+        ["--checkpoints", str(cps)]
+        if command == "prune"
+        else ["--to", str(tmp_path / "arch"), "--checkpoints", str(cps)]
+    )
     with pruner_lock(cps) as held:
         assert held
         res = cli("audit", command, "--before", "1s", "--audit", store, "--keystore", str(tmp_path / "none"), *args)

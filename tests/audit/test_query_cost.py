@@ -46,7 +46,7 @@ def test_query_streams_a_long_result_and_kid_and_token_use_an_index(tmp_path: Pa
     # a table longer than one chunk prints as consecutive tables and says how many at the end
     table = cli("audit", "query", "--audit", url, "--op", "seal")
     assert table.code == 0 and "events 1-1000" in table.out and "events 1001-1300" in table.out
-    assert table.err.strip() == "mrtr-keys: 1300 event(s)"
+    assert table.err.strip() == "mrtr-keys: 1300 events"
     # --token's fingerprint and --kid alone are looked up through indexes (schema 4), not a table scan
     assert by_token and all(e["fingerprint"] == fp for e in by_token)
     where = f"substr(fingerprint, 1, 4) = x'{fp[:8]}' AND +fingerprint = x'{fp}'"  # stored as 12 bytes
@@ -62,12 +62,12 @@ def test_checkpoint_reads_only_what_was_added_since_the_last_one(
     monkeypatch.setattr(checkpoint_since, "OVERLAP", 0)  # the re-read margin, here none: exact counts
     url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
     fill(url, 3_000, tx=500)
-    first = json.loads(cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--json").out)
+    first = json.loads(cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps), "--json").out)
     assert first["read_from"] == 0 and first["position"] == 3_000 and len(first["heads"]) == 3
     fill(url, 1_000, tx=500, host="later-host")
-    second = json.loads(cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--json").out)
+    second = json.loads(cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps), "--json").out)
     assert second["read_from"] == 3_000 and second["position"] == 4_000
-    full = json.loads(cli("audit", "checkpoint", "--audit", url, "--to", str(cps), "--full", "--json").out)
+    full = json.loads(cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps), "--full", "--json").out)
     assert full["read_from"] == 0 and sorted(map(str, full["heads"])) == sorted(map(str, second["heads"]))
     assert len(second["heads"]) == 5
     doc = json.loads(cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--json").out)
@@ -130,7 +130,7 @@ def test_a_writer_open_across_audit_migrate_keeps_writing_and_counting(tmp_path:
     try:
         store.append_rows([record_row(r) for r in chain.link(known_events(6)[:3])])
         res = cli("audit", "migrate", "--audit", url)
-        assert res.code == 0 and "from schema 3 to 4: 3 event(s) kept" in res.out, res.err
+        assert res.code == 0 and "from schema 3 to 4: 3 events kept" in res.out, res.err
         later = [record_row(r) for r in chain.link(known_events(6)[3:])]
         store.append_rows(later)
         assert stored_prefix(store, later) == 3  # the gray-failure count sees the migrated layout

@@ -14,7 +14,7 @@ from tests.fixtures.audit import cli
 def test_checkpoint_table_shows_a_writer_with_pid_100_as_written(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     fill(url, 300, tx=100)  # chains bench-host:100:..., :101:, :102:
-    res = cli("audit", "checkpoint", "--audit", url, "--to", str(tmp_path / "cps.jsonl"))
+    res = cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(tmp_path / "cps.jsonl"))
     assert res.code == 0, res.err
     assert "bench-host:100:20260101T000000.000000Z#1/p0" in res.out and "\N{HUNDRED POINTS SYMBOL}" not in res.out
 

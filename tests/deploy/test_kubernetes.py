@@ -23,6 +23,7 @@ intervals (reload 2 s, heartbeat 10 s, --wait 900) are used as written.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -186,9 +187,14 @@ def cluster() -> Iterator[Cluster]:
 
 @dataclass
 class Admin:
-    """The platform team's shell: root token, the shared audit store, its own state directory."""
+    """The platform team's shell: root token, the shared audit store and audit key, its own state directory."""
 
     env: dict[str, str]
+    audit_key: bytes
+
+    def secret_files(self) -> dict[str, bytes]:
+        """The Secret mrtr-keys-audit-key as the manifests mount it (created once, as sidecar.yaml says)."""
+        return {"mrtr-keys-audit-key/audit.key": self.audit_key}
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
@@ -204,13 +210,17 @@ def admin(cluster: Cluster, postgres_url: str, tmp_path: Path) -> Admin:
     bao = cluster.bao
     bao.api("DELETE", "secret/metadata/mrtr/keyring")  # each test starts without a ring
     env = {**os.environ, "VAULT_ADDR": bao.addr, "VAULT_TOKEN": bao.token, "MRTR_KEYS_AUDIT": postgres_url}
+    key_file = tmp_path / "audit.key"  # head -c 32 /dev/urandom > audit.key, kept by the admin at mode 0600
+    key_file.write_bytes(os.urandom(32))
+    key_file.chmod(0o600)
     env.update(
         {
             "MRTR_KEYS_STATE_DIR": str(tmp_path / "admin-state"),
             "MRTR_KEYS_KEYSTORE": ROTATION.value("MRTR_KEYS_KEYSTORE"),
+            "MRTR_KEYS_AUDIT_KEY_FILE": str(key_file),
         }
     )
-    admin = Admin(env)
+    admin = Admin(env, key_file.read_bytes())
     admin.run("init", "--audience", "billing", "--ttl", f"{TTL:g}")
     return admin
 
@@ -227,7 +237,7 @@ def test_rotation_cronjob_runs_as_written(box: Sandbox, cluster: Cluster, admin:
         pod_name="rotation-1",
         secrets={("mrtr-keys-audit", "url"): postgres_url},
         token=cluster.token(ROTATION),
-        files={},
+        files=admin.secret_files(),
     )
     assert env["VAULT_ADDR"] == VAULT_IN_MANIFESTS and "VAULT_TOKEN" not in env
     env["VAULT_ADDR"] = cluster.bao.addr  # the cluster's Vault is this dev server
@@ -302,10 +312,11 @@ def test_the_cronjob_waits_until_both_sidecar_pods_loaded_each_generation(
 
     image = read_image()
     registry = Path(admin.env["MRTR_KEYS_STATE_DIR"]) / "clients.json"
-    admin.run("clients", "add", "billing", "--audience", "billing", "--clients", str(registry), "--json")
+    added = admin.run("clients", "add", "billing", "--audience", "billing", "--clients", str(registry), "--json")
     _backdate(admin, days=31)  # the primary is due: this hour's run begins a rotation
     secrets = {("mrtr-keys-audit", "url"): postgres_url}
-    files = {"mrtr-keys-clients/clients.json": registry.read_bytes()}
+    files = {"mrtr-keys-clients/clients.json": registry.read_bytes(), **admin.secret_files()}
+    client_secret = json.loads(added.stdout)["secret"]
     boxes = [Sandbox() for _ in range(3)]
     store = open_store(postgres_url)
     try:
@@ -323,6 +334,7 @@ def test_the_cronjob_waits_until_both_sidecar_pods_loaded_each_generation(
                 pods[name] = (box, box.start(SIDECAR_POD.argv(image), env, cwd=image.workdir, name=name), env)
             for box, proc, env in pods.values():
                 _ready(box, proc, env, image.workdir)
+            _one_fingerprint_across_the_fleet(admin, pods, client_secret)
 
             def presence() -> dict[str, tuple[int | None, str | None]]:
                 return {r.name: (r.generation, r.note) for r in read_instances(store) if r.name in pods}
@@ -346,7 +358,7 @@ def test_the_cronjob_waits_until_both_sidecar_pods_loaded_each_generation(
 
             cron_box = boxes[2]
             cron_env = ROTATION.lay_out(
-                cron_box, image, pod_name="rotation-1", secrets=secrets, token=cluster.token(ROTATION), files={}
+                cron_box, image, pod_name="rotation-1", secrets=secrets, token=cluster.token(ROTATION), files=files
             )
             cron_env["VAULT_ADDR"] = cluster.bao.addr
 
@@ -393,6 +405,41 @@ def test_the_cronjob_waits_until_both_sidecar_pods_loaded_each_generation(
         store.close()
         for box in boxes:
             box.stop()
+
+
+def _one_fingerprint_across_the_fleet(
+    admin: Admin, pods: dict[str, tuple[Sandbox, subprocess.Popen[bytes], dict[str, str]]], secret: str
+) -> None:
+    """Both pods fingerprint with the fleet's one key (Secret mrtr-keys-audit-key, MRTR_KEYS_AUDIT_KEY_FILE):
+    a token sealed by pod a and unsealed by pod b is found by `audit query --token` in the rows of both, and
+    no pod made a key of its own in its emptyDir."""
+    import httpx
+
+    def call(name: str, path: str, body: dict[str, str]) -> dict[str, Any]:
+        box = pods[name][0]
+        argv = SIDECAR_POD.container["command"]
+        sock = box.path(argv[argv.index("--uds") + 1])
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(base_url="http://sidecar", transport=transport, timeout=10) as http:
+            r = http.post(path, json=body, headers={"authorization": f"Bearer {secret}"})
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    token = call("mcp-billing-a", "/v1/seal", {"audience": "billing", "payload": "eyJzdGVwIjoxfQ"})["token"]
+    call("mcp-billing-b", "/v1/unseal", {"audience": "billing", "token": token})
+
+    def found() -> list[dict[str, Any]]:
+        done = admin.run("audit", "query", "--token", token, "--json")
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    def by_pod(rows: list[dict[str, Any]]) -> dict[str, str]:
+        return {name: r["op"] for r in rows for name, (_, proc, _) in pods.items() if f":{proc.pid}:" in r["instance"]}
+
+    rows = _wait(lambda: (r := found()) and len(by_pod(r)) == 2 and r, lambda: f"rows of one token: {found()}")
+    assert by_pod(rows) == {"mcp-billing-a": "seal", "mcp-billing-b": "unseal"}, rows
+    assert len({r["fingerprint"] for r in rows}) == 1, rows
+    for box, _, _ in pods.values():
+        assert not (box.path(SIDECAR_POD.value("MRTR_KEYS_STATE_DIR")) / "audit.key").exists()
 
 
 def _ready(box: Sandbox, proc: subprocess.Popen[bytes], env: dict[str, str], cwd: str) -> None:

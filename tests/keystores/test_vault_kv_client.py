@@ -39,7 +39,7 @@ def test_a_revoked_login_token_is_replaced_by_a_new_login(openbao: OpenBao, monk
     """A token the client logged in for (AppRole here; the Kubernetes login takes the same path) that Vault
     no longer honours (revoked, or lost with a restarted dev server) answers 403: the client logs in again
     and the read succeeds, instead of failing until 80 % of the token's TTL has passed."""
-    from mrtr_keys.providers.vault import client as vault_client
+    from mrtr_keys.providers.vault import login as vault_login
 
     name = f"relogin-{secrets.token_hex(3)}"
     policy = f'path "secret/data/{name}" {{ capabilities = ["read", "create", "update"] }}'
@@ -54,6 +54,6 @@ def test_a_revoked_login_token_is_replaced_by_a_new_login(openbao: OpenBao, monk
     client = VaultClient(VaultSettings(addr=openbao.addr, role_id=str(role_id), secret_id=str(secret_id)))
     store = VaultKVKeystore("secret", name, client=client)
     ring = create_ring(store).ring
-    monkeypatch.setattr(vault_client, "RELOGIN_AFTER_403", 0.0, raising=False)
+    monkeypatch.setattr(vault_login, "RELOGIN_AFTER_403", 0.0)
     openbao.api("POST", "auth/token/revoke", {"token": client._hvac.token})
     assert store.load() == ring

@@ -80,6 +80,23 @@ def test_a_bad_retention_setting_is_a_one_line_error(keystore_path: Path) -> Non
         (["--audit-retention", "soon"], "audit_retention must be a duration such as 30d"),
         (["--audit-retention", "2026-01-01"], "audit_retention must be a duration such as 30d"),
         (["--audit-retention", "30d", "--audit-retention-interval", "0"], "audit_retention_interval must be"),
+        (["--audit-retention", "-5d"], "audit_retention must be a positive duration such as 30d, not '-5d'"),
+        (["--audit-retention", "0h"], "audit_retention must be a positive duration such as 30d"),
     ]:
         res = cli("serve", "--keystore", str(keystore_path), *args)
         assert res.code == 2 and text in res.err and "Traceback" not in res.err, res.err
+        assert len(res.err.strip().splitlines()) == 1, res.err
+
+
+def test_retention_over_a_store_it_cannot_prune_is_refused_at_start(keystore_path: Path, tmp_path: Path) -> None:
+    """A JSON-lines log is rotated by its shipper, and with auditing off there is nothing to prune: the sidecar
+    refuses to start (it used to start and then fail every run, seen only in /readyz)."""
+    log = tmp_path / "audit.jsonl"
+    for audit, text in [
+        (f"jsonl://{log}", "audit_retention cannot prune jsonl://"),
+        ("off", "audit_retention needs an audit store, but auditing is off"),
+    ]:
+        res = cli("--audit", audit, "serve", "--keystore", str(keystore_path), "--audit-retention", "30d")
+        assert res.code == 2 and text in res.err and "Traceback" not in res.err, res.err
+        assert len(res.err.strip().splitlines()) == 1, res.err
+    assert not log.exists()

@@ -148,6 +148,12 @@ def parse_when(text: str, *, now: datetime | None = None) -> str:
         raise ConfigError(f"cannot read time {text!r}: use a duration like 1h or 15m, or ISO 8601") from None
 
 
+def plural(n: int, word: str, *, grouped: bool = False) -> str:
+    """``"1 record"``, ``"2 records"``; `grouped`: ``"1,000 records"``."""
+    count = f"{n:,}" if grouped else str(n)
+    return f"{count} {word if n == 1 else word + 's'}"
+
+
 _instance: tuple[int, str] | None = None
 
 

@@ -10,6 +10,12 @@ stable fingerprint. Without the audit key nobody can test a guessed token agains
 The audit key is 32 random bytes in ``audit.key`` in the ring's state directory (`Keystore.directory`),
 mode 0600, created on first use. Every process that should produce matching fingerprints (all
 instances writing to one PostgreSQL store, say) needs the same file, like the key ring itself.
+
+A fleet shares one key with ``MRTR_KEYS_AUDIT_KEY_FILE``: the path of a key file provisioned outside
+(never created), read instead of ``audit.key`` (symbolic links followed: a Kubernetes Secret volume's files
+are links into ``..data``). Such a file may be group-readable only as a Kubernetes Secret volume with
+``fsGroup`` writes it: owned by root, mode 0440 (or 0400), nothing for others, no write or execute for the
+group (docs/deploy.md). A file of another owner must be 0600 or 0400 as ``audit.key`` is.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from mrtr_keys.errors import ConfigError
 from mrtr_keys.token import MAX_TOKEN_CHARS, decoded_bytes
 
 AUDIT_KEY_FILE = "audit.key"
+ENV_AUDIT_KEY_FILE = "MRTR_KEYS_AUDIT_KEY_FILE"
 AUDIT_KEY_BYTES = 32
 FINGERPRINT_BYTES = 12
 _RAW_LABEL = b"raw:"
@@ -40,10 +47,16 @@ def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) ->
     Any number of processes may call this at once on a fresh directory: the key is created
     atomically (temporary file, then a hard link), so every one of them reads the same 32 bytes.
 
+    With ``MRTR_KEYS_AUDIT_KEY_FILE`` set, that file is read instead (`load_shared_audit_key`), and
+    `directory` and `create` do not matter.
+
     Raises:
         ConfigError: the file is not 32 bytes, is accessible by group or others, or cannot be
             read or created.
     """
+    shared = os.environ.get(ENV_AUDIT_KEY_FILE, "").strip()
+    if shared:
+        return load_shared_audit_key(shared)
     path = Path(directory) / AUDIT_KEY_FILE
     if create and not path.exists():
         _create_atomically(path)
@@ -58,6 +71,37 @@ def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) ->
         raise ConfigError(f"audit key {path} is accessible by group or others; fix with: chmod 600 {path}")
     if len(data) != AUDIT_KEY_BYTES:
         raise ConfigError(f"audit key {path} must hold exactly {AUDIT_KEY_BYTES} bytes")
+    return data
+
+
+def load_shared_audit_key(path: str | os.PathLike[str]) -> bytes:
+    """Read the fleet's shared audit key at `path` (``MRTR_KEYS_AUDIT_KEY_FILE``), never creating it.
+
+    Accepted: exactly 32 bytes; no permission for others; the group may only read, and only when root owns
+    the file (a Kubernetes Secret volume with ``fsGroup``: root, mode 0440). Its content never appears in
+    a message.
+
+    Raises:
+        ConfigError: missing or unreadable, not 32 bytes, or permissions wider than the above.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)  # follows links: a Secret volume's files are links into ..data
+    except OSError as exc:
+        raise ConfigError(f"cannot read the audit key {path} ({ENV_AUDIT_KEY_FILE}): {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        data = f.read(AUDIT_KEY_BYTES + 1)
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"the audit key {path} ({ENV_AUDIT_KEY_FILE}) is not a regular file")
+    group_read_ok = info.st_uid == 0
+    allowed_group = stat.S_IRGRP if group_read_ok else 0
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) & ~allowed_group:
+        raise ConfigError(
+            f"the audit key {path} ({ENV_AUDIT_KEY_FILE}) is accessible by others, or by its group and not "
+            "owned by root: mount it from a Kubernetes Secret (defaultMode 0440) or chmod 600 it"
+        )
+    if len(data) != AUDIT_KEY_BYTES:
+        raise ConfigError(f"the audit key {path} ({ENV_AUDIT_KEY_FILE}) must hold exactly {AUDIT_KEY_BYTES} bytes")
     return data
 
 

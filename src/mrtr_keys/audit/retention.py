@@ -19,6 +19,7 @@ keeps working. Rules:
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.audit.chain import read_checkpoints
-from mrtr_keys.audit.events import format_ts, parse_when
+from mrtr_keys.audit.events import format_ts, parse_when, plural
 from mrtr_keys.errors import ConfigError, MrtrKeysError
+from mrtr_keys.urls import redact
 
 log = logging.getLogger("mrtr_keys.audit.retention")
 
@@ -43,16 +45,39 @@ class DeadlineExceeded(MrtrKeysError):
     """A retention run's verifying walk took longer than its deadline."""
 
 
+_KEEP = re.compile(r"([+-]?\d+(?:\.\d+)?)\s*([smhdw])")
+
+
 def check_keep(keep: str) -> str:
-    """`keep` if it is a duration (``90s``, ``15m``, ``12h``, ``30d``, ``4w``).
+    """`keep` if it is a positive duration (``90s``, ``15m``, ``12h``, ``30d``, ``4w``).
 
     Raises:
-        ConfigError: it is not.
+        ConfigError: it is not a duration, or not a positive one (``-5d``, ``0d``).
     """
-    if not isinstance(keep, str) or not keep.strip() or keep.strip()[-1] not in "smhdw":
+    text = keep.strip() if isinstance(keep, str) else ""
+    m = _KEEP.fullmatch(text)
+    if m is None:
         raise ConfigError("audit_retention must be a duration such as 30d, 12w or 36h (or unset: off)")
-    parse_when(keep)  # raises ConfigError on a bad number
-    return keep.strip()
+    if float(m.group(1)) <= 0:
+        raise ConfigError(f"audit_retention must be a positive duration such as 30d, not {text!r}")
+    parse_when(text.lstrip("+"))  # raises ConfigError on a duration reaching before year 1
+    return text.lstrip("+")
+
+
+def check_store(url: str | None) -> None:
+    """Refuse, before a sidecar starts, a retention whose audit store cannot be pruned: auditing off
+    (`url` None) or a JSON-lines log (rotated by its shipper; `mrtr_keys.audit.prune`).
+
+    Raises:
+        ConfigError: one line naming the store and what to do.
+    """
+    if url is None:
+        raise ConfigError("audit_retention needs an audit store, but auditing is off (--audit off)")
+    if url.partition(":")[0].lower() == "jsonl":
+        raise ConfigError(
+            f"audit_retention cannot prune {redact(url)}: a JSON-lines audit log is rotated by its log shipper; "
+            "use a SQLite or PostgreSQL store, or unset --audit-retention"
+        )
 
 
 class Retention:
@@ -123,7 +148,7 @@ class Retention:
             if phase == "verify" and (stop.is_set() or time.monotonic() - started > self.deadline):
                 raise DeadlineExceeded(
                     f"audit retention: the verifying walk passed its {self.deadline:g} s deadline after "
-                    f"{records:,} records (nothing deleted; tried again in {self.interval:g} s)"
+                    f"{plural(records, 'record', grouped=True)} (nothing deleted; tried again in {self.interval:g} s)"
                 )
 
         try:
@@ -148,7 +173,12 @@ class Retention:
         self.last_deleted = result.deleted
         self.deleted_total += result.deleted
         if result.deleted:
-            log.info("audit retention: pruned %d record(s) before %s in %.1f s", result.deleted, before, result.seconds)
+            log.info(
+                "audit retention: pruned %s before %s in %.1f s",
+                plural(result.deleted, "record"),
+                before,
+                result.seconds,
+            )
         return True
 
     def _failed(self, message: str) -> bool:

@@ -4,24 +4,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from mrtr_keys.audit.events import plural
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
+from mrtr_keys.cli.audit_options import CheckpointsOpt
 from mrtr_keys.cli.audit_prune_cmd import _refuse_inside_gate_window, locked_docs
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
-
-CheckpointsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--checkpoints",
-        envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
-        help="Checkpoint file the prune records its cut and the manifest in "
-        "[default: audit-checkpoints.jsonl in the state directory].",
-    ),
-]
 
 
 def archive(
@@ -67,7 +58,9 @@ def archive(
     def progress(phase: str, records: int, elapsed: float) -> None:
         if elapsed >= 2.0 and elapsed - last[0] >= 10.0:
             last[0] = elapsed
-            sys.stderr.write(f"mrtr-keys: archive: {phase} {records:,} records in {elapsed:.0f} s\n")
+            sys.stderr.write(
+                f"mrtr-keys: archive: {phase} {plural(records, 'record', grouped=True)} in {elapsed:.0f} s\n"
+            )
             sys.stderr.flush()
 
     try:
@@ -82,8 +75,11 @@ def archive(
     else:
         p = result.prune
         print_line(
-            f"archived {result.records} record(s) of {len(p.cuts)} chain(s) before {cutoff} in {result.segments} "
-            f"segment(s) ({result.bytes:,} bytes) to {result.location}; manifest {result.manifest}"
+            f"archived {plural(result.records, 'record')} of {plural(len(p.cuts), 'chain')} before {cutoff} in "
+            f"{plural(result.segments, 'segment')} ({result.bytes:,} bytes) to {result.location}; "
+            f"manifest {result.manifest}"
         )
         print_line(f"retention: {result.retention}")
-        print_line(f"pruned {p.deleted} record(s) in {p.seconds:.1f} s; cut and manifest recorded in {p.checkpoint}")
+        print_line(
+            f"pruned {plural(p.deleted, 'record')} in {p.seconds:.1f} s; cut and manifest recorded in {p.checkpoint}"
+        )

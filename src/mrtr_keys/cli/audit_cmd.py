@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
 from mrtr_keys.errors import ConfigError
 
@@ -191,6 +192,8 @@ def query(
     json_: JsonOpt = False,
 ) -> None:
     """Events matching every filter given, oldest first."""
+    from mrtr_keys.audit.events import plural
+
     fingerprint = None
     if token is not None:
         fingerprint = _fingerprinter(keystore_).fingerprint(canonical_spelling(token))
@@ -213,7 +216,7 @@ def query(
         if q.newest_first:  # the newest --limit N, printed oldest first: N records, as the user asked
             records = store.query(q)
             records.reverse()
-            _print_events([r.event.to_json() for r in records], json_, f"{len(records)} event(s)", wide)
+            _print_events([r.event.to_json() for r in records], json_, plural(len(records), "event"), wide)
         else:
             _stream_events((r.event.to_json() for r in store.iter_query(q)), json_, wide)
     finally:
@@ -229,6 +232,7 @@ def _stream_events(events: Iterator[dict[str, Any]], json_: bool, wide: bool) ->
     `TABLE_CHUNK` rows (a result that fits one chunk looks exactly as before)."""
     from itertools import islice
 
+    from mrtr_keys.audit.events import plural
     from mrtr_keys.cli.output import stream_json_array
 
     if json_:
@@ -236,14 +240,14 @@ def _stream_events(events: Iterator[dict[str, Any]], json_: bool, wide: bool) ->
         return
     chunk = list(islice(events, TABLE_CHUNK))
     if len(chunk) < TABLE_CHUNK:
-        _print_events(chunk, False, f"{len(chunk)} event(s)", wide)
+        _print_events(chunk, False, plural(len(chunk), "event"), wide)
         return
     done = 0
     while chunk:
         _print_events(chunk, False, f"events {done + 1}-{done + len(chunk)}", wide)
         done += len(chunk)
         chunk = list(islice(events, TABLE_CHUNK))
-    sys.stderr.write(f"mrtr-keys: {done} event(s)\n")
+    sys.stderr.write(f"mrtr-keys: {plural(done, 'event')}\n")
 
 
 @app.command("stats")
@@ -283,15 +287,8 @@ def _default_checkpoints(keystore_: str | None) -> Path:
 def checkpoint(
     keystore_: KeystoreOpt = None,
     audit: AuditOpt = None,
-    to: Annotated[
-        Path | None,
-        typer.Option(
-            "--to",
-            envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
-            help="Append the checkpoint here: a place the store's writers cannot rewrite "
-            "[default: audit-checkpoints.jsonl in the state directory].",
-        ),
-    ] = None,
+    checkpoints: CheckpointsOpt = None,
+    old_to: OldToOpt = None,
     full: Annotated[
         bool, typer.Option("--full", help="Read the whole log, not only what was added since the last checkpoint.")
     ] = False,
@@ -304,7 +301,7 @@ def checkpoint(
     from mrtr_keys.cli.output import print_json, print_line, print_table
 
     store = _open(audit, keystore_)
-    path = to or _default_checkpoints(keystore_)
+    path = checkpoints_option("checkpoint", checkpoints, old_to) or _default_checkpoints(keystore_)
     try:
         docs = [d for d in read_checkpoints(path) if d.get("store") == store.url]
         doc = make_checkpoint_since(store, docs, now=time.time(), full=full)

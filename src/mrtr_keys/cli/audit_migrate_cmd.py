@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from mrtr_keys.audit.events import plural
 from mrtr_keys.cli.audit_cmd import AuditOpt, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
@@ -31,4 +32,6 @@ def migrate(keystore_: KeystoreOpt = None, audit: AuditOpt = None, json_: JsonOp
     if json_:
         print_json({"store": store.url, "from": old, "to": new, "events": events, "seconds": round(seconds, 3)})
     else:
-        print_line(f"migrated {store.url} from schema {old} to {new}: {events} event(s) kept, in {seconds:.1f} s")
+        print_line(
+            f"migrated {store.url} from schema {old} to {new}: {plural(events, 'event')} kept, in {seconds:.1f} s"
+        )

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _keystore, _open
+from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
 
@@ -20,38 +21,31 @@ GATE_MARGIN = 60.0
 
 
 def prune(
-    before: Annotated[
-        str, typer.Option("--before", help="Delete events older than this: 30d, 12w, or ISO 8601 (required).")
-    ],
+    before: Annotated[str, typer.Option("--before", help="Delete events older than this: 30d, 12w, or ISO 8601.")],
     keystore_: KeystoreOpt = None,
     audit: AuditOpt = None,
-    to: Annotated[
-        Path | None,
-        typer.Option(
-            "--to",
-            envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
-            help="Checkpoint file to record the cut in (and read earlier cuts from) "
-            "[default: audit-checkpoints.jsonl in the state directory].",
-        ),
-    ] = None,
+    checkpoints: CheckpointsOpt = None,
+    old_to: OldToOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Delete events older than --before, chain by chain at batch boundaries, after verifying them and
     recording each chain's cut in the checkpoint file (`audit verify` then starts there)."""
-    from mrtr_keys.audit.events import format_ts, parse_when
+    from mrtr_keys.audit.events import format_ts, parse_when, plural
     from mrtr_keys.audit.prune import prune as prune_store
     from mrtr_keys.cli.output import print_json, print_line
 
     cutoff = parse_when(before)
     _refuse_inside_gate_window(cutoff, keystore_)
     store = _open(audit, keystore_)
-    path = to or _default_checkpoints(keystore_)
+    path = checkpoints_option("prune", checkpoints, old_to) or _default_checkpoints(keystore_)
     last = [0.0]
 
     def progress(phase: str, records: int, elapsed: float) -> None:
         if elapsed >= 2.0 and elapsed - last[0] >= 10.0:
             last[0] = elapsed
-            sys.stderr.write(f"mrtr-keys: prune: {phase} {records:,} records in {elapsed:.0f} s\n")
+            sys.stderr.write(
+                f"mrtr-keys: prune: {phase} {plural(records, 'record', grouped=True)} in {elapsed:.0f} s\n"
+            )
             sys.stderr.flush()
 
     try:
@@ -65,7 +59,7 @@ def prune(
         print_line(f"nothing to prune: no complete batch before {cutoff}")
     else:
         print_line(
-            f"pruned {result.deleted} record(s) before {cutoff} from {len(result.cuts)} chain(s) in "
+            f"pruned {plural(result.deleted, 'record')} before {cutoff} from {plural(len(result.cuts), 'chain')} in "
             f"{result.seconds:.1f} s; cut recorded in {result.checkpoint} at {format_ts(time.time())}"
         )
 

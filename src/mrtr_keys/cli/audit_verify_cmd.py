@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from mrtr_keys.audit.events import plural
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
@@ -32,7 +33,8 @@ class _Progress:
         if elapsed < PROGRESS_AFTER or (not self._tty and elapsed - self._last < QUIET_EVERY):
             return
         self._last = elapsed
-        line = f"mrtr-keys: verifying: {records:,} records in {elapsed:.0f} s ({records / elapsed:,.0f}/s)"
+        done = plural(records, "record", grouped=True)
+        line = f"mrtr-keys: verifying: {done} in {elapsed:.0f} s ({records / elapsed:,.0f}/s)"
         sys.stderr.write(f"\r{line}\x1b[K" if self._tty else line + "\n")
         sys.stderr.flush()
         self._shown = True
@@ -48,7 +50,11 @@ def verify(
     audit: AuditOpt = None,
     checkpoints: Annotated[
         Path | None,
-        typer.Option("--checkpoints", help="Checkpoint file to check heads against [default: the checkpoint default]."),
+        typer.Option(
+            "--checkpoints",
+            help="Checkpoint file to check heads against "
+            "[default: $MRTR_KEYS_AUDIT_CHECKPOINTS, else audit-checkpoints.jsonl in the state directory].",
+        ),
     ] = None,
     since: Annotated[
         str | None,
@@ -112,13 +118,13 @@ def verify(
         if dest is not None:
             summary = report.to_json()["archive"]
             origin += (
-                f", {summary['records']} of them from {summary['segments']} archived segment(s) in "
-                f"{summary['manifests']} manifest(s) at {dest.uri}"
+                f", {summary['records']} of them from {plural(summary['segments'], 'archived segment')} in "
+                f"{plural(summary['manifests'], 'manifest')} at {dest.uri}"
             )
         if first is None:
             print_line(
-                f"ok: {report.records} records in {report.chains} chain(s) verified{origin}; "
-                f"{report.checkpoints_checked} checkpointed head(s) present"
+                f"ok: {plural(report.records, 'record')} in {plural(report.chains, 'chain')} verified{origin}; "
+                f"{plural(report.checkpoints_checked, 'checkpointed head')} present"
             )
         else:
             where = f"position {first.position}" if first.position else "end of chain"

@@ -50,8 +50,8 @@ def status(
     """One row an instance: name, codec, generation, primary kid, last heartbeat, live / stuck / stale /
     stopped (stuck: live, but its ring watcher completed no check in 3 intervals).
 
-    A primary that is the MCP SDK's own key (a ring started with ``init --from-sdk-key-file``) gets a
-    note line; ``--json`` gives each row's ``primary_format`` (``mk1`` or ``sdk-v1``)."""
+    A primary that is the MCP SDK's own key (a ring started with 'init --from-sdk-key-file') gets a
+    note line; '--json' gives each row's 'primary_format' ('mk1' or 'sdk-v1')."""
     from mrtr_keys.audit.events import parse_event_time, parse_when
     from mrtr_keys.audit.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit

@@ -145,6 +145,11 @@ def serve(
         audit_retention=audit_retention,
         audit_retention_interval=audit_retention_interval,
     )
+    if settings.audit_retention and settings.audit_factory is None:
+        from mrtr_keys.audit.retention import check_store
+        from mrtr_keys.audit.stores.url import resolve_url
+
+        check_store(resolve_url(settings.audit, "."))  # "." stands for the ring's directory: its default is SQLite
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)
     try:

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mrtr_keys.audit.events import plural
 from mrtr_keys.audit.writer.child_writer import ChildWriter
 
 logger = logging.getLogger("mrtr_keys.audit")
@@ -151,7 +152,7 @@ class ProcessWriter:
     def _exited(self, lost: int, message: str) -> None:
         if self.closing and not lost:
             return  # close(): the child ended because we closed its pipe
-        self._failed(f"{message}; {lost} events lost" if lost else message)
+        self._failed(f"{message}; {plural(lost, 'event')} lost" if lost else message)
         if lost:
             self._lose(lost, message)
 

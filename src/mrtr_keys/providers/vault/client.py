@@ -1,23 +1,8 @@
 """A small, typed client for the HashiCorp Vault / OpenBao transit API, built on hvac.
 
-Settings come from the standard environment (`VaultSettings.from_env`), never
-from the key ring: ``VAULT_ADDR`` / ``BAO_ADDR``, ``VAULT_TOKEN`` / ``BAO_TOKEN``,
-``VAULT_NAMESPACE`` / ``BAO_NAMESPACE``, ``VAULT_CACERT`` / ``BAO_CACERT`` (a CA
-bundle file or directory), ``VAULT_CLIENT_CERT`` + ``VAULT_CLIENT_KEY`` (mutual
-TLS), ``VAULT_SKIP_VERIFY``, ``VAULT_CLIENT_TIMEOUT`` (seconds) and
-``VAULT_MAX_RETRIES``, with the same meaning as in the Vault and OpenBao CLIs
-(the ``VAULT_`` name wins when both are set). AppRole is used when there is no
-token and ``VAULT_ROLE_ID`` + ``VAULT_SECRET_ID`` are set (mount
-``VAULT_APPROLE_MOUNT``, default ``approle``). A Kubernetes service-account login is
-used when there is neither and ``VAULT_K8S_ROLE`` is set: ``POST auth/MOUNT/login``
-with ``{"role", "jwt"}`` (mount ``VAULT_K8S_MOUNT``, default ``kubernetes``; the JWT
-read from ``VAULT_K8S_TOKEN_FILE``, default the pod's
-``/var/run/secrets/kubernetes.io/serviceaccount/token``, again at each login since the
-kubelet rotates projected tokens). Vault's Kubernetes auth method and its JWT auth
-method configured for service-account tokens take the same login
-(https://developer.hashicorp.com/vault/api-docs/auth/kubernetes#login,
-https://openbao.org/api-docs/auth/jwt/#jwt-login). A login is renewed before its
-lease runs out, never as a retry of a refused request.
+Settings (address, token, TLS, timeouts) are `VaultSettings` (`settings.py`, from the standard
+``VAULT_*`` / ``BAO_*`` environment, never from the key ring); the AppRole and Kubernetes logins, and the
+one re-login after a 403, are `Login` (`login.py`). Both names, and the errors, are re-exported here.
 
 Error mapping (one place, `VaultClient.request`):
 
@@ -41,147 +26,35 @@ fields in Vault: https://developer.hashicorp.com/vault/api-docs/secret/transit).
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-from mrtr_keys.errors import BackendUnavailable, ConfigError, MrtrKeysError
+from mrtr_keys.errors import BackendUnavailable, ConfigError
+from mrtr_keys.providers.vault.errors import LoginRefused, VaultRefused
+from mrtr_keys.providers.vault.login import Login
+from mrtr_keys.providers.vault.settings import (
+    DEFAULT_K8S_TOKEN_FILE,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_SECONDS,
+    VaultSettings,
+)
 
-DEFAULT_TIMEOUT_SECONDS = 10.0
-DEFAULT_MAX_RETRIES = 2
-RELOGIN_AFTER_403 = 5.0
-"""Seconds a logged-in token must have been in use before a 403 makes the client log in again
-(a token revoked or lost with a restarted server is replaced; a denying policy is not hammered)."""
-DEFAULT_K8S_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
-"""Where the kubelet mounts a pod's service-account token (unless automounting is off)."""
-MAX_JWT_BYTES = 64 * 1024
+__all__ = [
+    "DEFAULT_K8S_TOKEN_FILE",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "LoginRefused",
+    "VaultClient",
+    "VaultRefused",
+    "VaultSettings",
+    "latest_version",
+]
+
 RETRY_BACKOFF_SECONDS = 0.05
 """First retry delay (seconds); doubles on each further retry."""
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-class VaultRefused(MrtrKeysError):
-    """Vault answered a request with HTTP 4xx (permission denied, bad request, no such key).
-
-    `status` is the HTTP status; `errors` Vault's error strings (no secrets in them).
-    """
-
-    def __init__(self, message: str, *, status: int, errors: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.errors = errors
-
-
-class LoginRefused(BackendUnavailable):
-    """Vault refused the AppRole or Kubernetes login itself (wrong role, secret, service account or
-    audience; an expired or unreadable service-account token), as opposed to a request the logged-in
-    token may not make. A `BackendUnavailable`: the instance cannot use Vault, so a token it cannot
-    decrypt is never reported as an invalid token. `status` and `errors` as in `VaultRefused`."""
-
-    def __init__(self, message: str, *, status: int, errors: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.errors = errors
-
-
-def _env(env: Mapping[str, str], *names: str) -> str | None:
-    for name in names:
-        value = env.get(name)
-        if value:
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class VaultSettings:
-    """Where and how to reach Vault. Secrets (`token`, `secret_id`) never appear in `repr()`.
-
-    Attributes:
-        addr: base URL, e.g. ``https://vault.example:8200`` (http only for loopback or tests).
-        token: a Vault token, or None to use AppRole.
-        namespace: Vault Enterprise / OpenBao namespace, sent as ``X-Vault-Namespace``.
-        role_id, secret_id, approle_mount: AppRole login, used when `token` is None.
-        k8s_role, k8s_mount, k8s_token_file: Kubernetes service-account login (the JWT in
-            `k8s_token_file`), used when there is neither a token nor AppRole.
-        ca_cert: path of a CA bundle file or directory to verify the server with.
-        client_cert, client_key: PEM paths for mutual TLS.
-        tls_verify: False only for throwaway test servers (``VAULT_SKIP_VERIFY``).
-        timeout: connect and read timeout of one HTTP request (seconds).
-        max_retries: extra attempts after a transport error (never after an HTTP answer).
-    """
-
-    addr: str
-    token: str | None = field(default=None, repr=False)
-    namespace: str | None = None
-    role_id: str | None = None
-    secret_id: str | None = field(default=None, repr=False)
-    approle_mount: str = "approle"
-    k8s_role: str | None = None
-    k8s_mount: str = "kubernetes"
-    k8s_token_file: str = DEFAULT_K8S_TOKEN_FILE
-    ca_cert: str | None = None
-    client_cert: str | None = None
-    client_key: str | None = None
-    tls_verify: bool = True
-    timeout: float = DEFAULT_TIMEOUT_SECONDS
-    max_retries: int = DEFAULT_MAX_RETRIES
-
-    def __post_init__(self) -> None:
-        parts = urlsplit(self.addr)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"Vault address {self.addr!r} is not an http(s) URL (set VAULT_ADDR or BAO_ADDR)")
-        if not (self.timeout > 0 and self.timeout < 3600):
-            raise ConfigError("the Vault client timeout must be between 0 and 3600 seconds")
-        if not (0 <= self.max_retries <= 10):
-            raise ConfigError("the Vault client retries must be between 0 and 10")
-        if self.token is None and not (self.role_id and self.secret_id) and not self.k8s_role:
-            raise ConfigError(
-                "no Vault credentials: set VAULT_TOKEN (or BAO_TOKEN), VAULT_ROLE_ID and VAULT_SECRET_ID for AppRole, "
-                "or VAULT_K8S_ROLE for a Kubernetes service-account login"
-            )
-        if (self.client_cert is None) != (self.client_key is None):
-            raise ConfigError("mutual TLS needs both VAULT_CLIENT_CERT and VAULT_CLIENT_KEY")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> VaultSettings:
-        """Settings from the environment (see the module docstring), then `overrides` by field name.
-
-        Raises:
-            ConfigError: no address, no credentials, or an unparsable timeout/retry count.
-        """
-        env = os.environ if env is None else env
-        addr = _env(env, "VAULT_ADDR", "BAO_ADDR")
-        values: dict[str, Any] = {
-            "addr": addr,
-            "token": _env(env, "VAULT_TOKEN", "BAO_TOKEN"),
-            "namespace": _env(env, "VAULT_NAMESPACE", "BAO_NAMESPACE"),
-            "role_id": _env(env, "VAULT_ROLE_ID", "BAO_ROLE_ID"),
-            "secret_id": _env(env, "VAULT_SECRET_ID", "BAO_SECRET_ID"),
-            "approle_mount": _env(env, "VAULT_APPROLE_MOUNT", "BAO_APPROLE_MOUNT") or "approle",
-            "k8s_role": _env(env, "VAULT_K8S_ROLE", "BAO_K8S_ROLE"),
-            "k8s_mount": _env(env, "VAULT_K8S_MOUNT", "BAO_K8S_MOUNT") or "kubernetes",
-            "k8s_token_file": _env(env, "VAULT_K8S_TOKEN_FILE", "BAO_K8S_TOKEN_FILE") or DEFAULT_K8S_TOKEN_FILE,
-            "ca_cert": _env(env, "VAULT_CACERT", "BAO_CACERT", "VAULT_CAPATH", "BAO_CAPATH"),
-            "client_cert": _env(env, "VAULT_CLIENT_CERT", "BAO_CLIENT_CERT"),
-            "client_key": _env(env, "VAULT_CLIENT_KEY", "BAO_CLIENT_KEY"),
-            "tls_verify": (_env(env, "VAULT_SKIP_VERIFY", "BAO_SKIP_VERIFY") or "").lower() not in _TRUE,
-        }
-        timeout = _env(env, "VAULT_CLIENT_TIMEOUT", "BAO_CLIENT_TIMEOUT")
-        retries = _env(env, "VAULT_MAX_RETRIES", "BAO_MAX_RETRIES")
-        try:
-            values["timeout"] = float(timeout.rstrip("s")) if timeout else DEFAULT_TIMEOUT_SECONDS
-            values["max_retries"] = int(retries) if retries else DEFAULT_MAX_RETRIES
-        except ValueError:
-            raise ConfigError("VAULT_CLIENT_TIMEOUT is seconds and VAULT_MAX_RETRIES an integer") from None
-        values.update(overrides)
-        if not values["addr"]:
-            raise ConfigError("no Vault address: set VAULT_ADDR (or BAO_ADDR for OpenBao)")
-        return cls(**values)
 
 
 class VaultClient:
@@ -214,9 +87,10 @@ class VaultClient:
             adapter=hvac.adapters.RawAdapter,
         )
         self._requests = requests
-        self._login_lock = threading.Lock()
-        self._login_expires: float | None = None
-        self._login_at: float | None = None
+        self._login = Login(s, self._use_token)
+
+    def _use_token(self, token: str) -> None:
+        self._hvac.token = token
 
     def __repr__(self) -> str:
         return f"VaultClient(addr={self.settings.addr!r}, namespace={self.settings.namespace!r})"
@@ -245,27 +119,19 @@ class VaultClient:
             BackendUnavailable: transport failure after `max_retries` retries, or HTTP 5xx.
             VaultRefused: HTTP 4xx (never retried).
         """
-        self._ensure_login()
+        self._login.ensure(self._post_login)
         try:
             return self._send(method, path, payload, idempotent=idempotent)
         except VaultRefused as exc:
-            if exc.status != 403 or not self._drop_login():
+            if exc.status != 403 or not self._login.drop():
                 raise
         # the token this instance logged in for was refused: revoked, or lost by a restarted server.
         # A 403 means the request was not served, so one fresh login and one resend are safe.
-        self._ensure_login()
+        self._login.ensure(self._post_login)
         return self._send(method, path, payload, idempotent=idempotent)
 
-    def _drop_login(self) -> bool:
-        """Forget a logged-in token older than `RELOGIN_AFTER_403` seconds; True if one was dropped
-        (a static VAULT_TOKEN, or a login this recent, is kept: a policy that denies is not retried)."""
-        with self._login_lock:
-            if self.settings.token is not None or self._login_at is None:
-                return False
-            if time.monotonic() - self._login_at < RELOGIN_AFTER_403:
-                return False
-            self._login_expires = self._login_at = None
-            return True
+    def _post_login(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._send("post", path, body, idempotent=True)
 
     def _send(self, method: str, path: str, payload: Mapping[str, Any] | None, *, idempotent: bool) -> dict[str, Any]:
         req = self._requests.exceptions
@@ -323,41 +189,6 @@ class VaultClient:
         if not isinstance(data, dict):
             raise BackendUnavailable(f"Vault sent a malformed answer to {method.upper()} {path}")
         return data
-
-    def _ensure_login(self) -> None:
-        s = self.settings
-        if s.token is not None:
-            return
-        with self._login_lock:
-            if self._login_expires is not None and time.monotonic() < self._login_expires:
-                return
-            body: dict[str, str | None]
-            if s.role_id and s.secret_id:
-                kind, mount, body = "AppRole", s.approle_mount, {"role_id": s.role_id, "secret_id": s.secret_id}
-            else:
-                kind, mount = "Kubernetes", s.k8s_mount
-                body = {"role": s.k8s_role, "jwt": _read_jwt(s.k8s_token_file)}
-            path = f"auth/{quote(mount, safe='/')}/login"
-            try:
-                answer = self._send("post", path, body, idempotent=True)
-            except VaultRefused as exc:
-                detail = "; ".join(exc.errors) or "no detail"
-                who = f"role {s.k8s_role!r}, " if kind == "Kubernetes" else ""
-                raise LoginRefused(
-                    f"Vault refused the {kind} login ({who}POST {path}): HTTP {exc.status}: {detail}",
-                    status=exc.status,
-                    errors=exc.errors,
-                ) from None
-            auth = answer.get("auth")
-            token = auth.get("client_token") if isinstance(auth, dict) else None
-            if not isinstance(token, str) or not token:
-                raise VaultRefused(f"Vault {kind} login returned no client token", status=200)
-            assert isinstance(auth, dict)
-            lease = auth.get("lease_duration")
-            ttl = float(lease) if isinstance(lease, int | float) and lease > 0 else 3600.0
-            self._hvac.token = token
-            self._login_at = time.monotonic()
-            self._login_expires = self._login_at + ttl * 0.8
 
     # -- transit ---------------------------------------------------------------------------
 
@@ -427,26 +258,6 @@ def latest_version(key_info: Mapping[str, Any]) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise BackendUnavailable("Vault's key read has no latest_version")
     return version
-
-
-def _read_jwt(path: str) -> str:
-    """The service-account JWT in `path` (read at each login: the kubelet rotates projected tokens).
-
-    Raises:
-        ConfigError: the file cannot be read, is empty or larger than 64 KiB (its content is never shown).
-    """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JWT_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the service-account token for the Vault Kubernetes login at {path} "
-            f"({exc.strerror or type(exc).__name__}); set VAULT_K8S_TOKEN_FILE or mount the token"
-        ) from None
-    text = raw.decode("ascii", "replace").strip()
-    if not text or len(raw) > MAX_JWT_BYTES:
-        raise ConfigError(f"the service-account token file {path} is empty or larger than 64 KiB")
-    return text
 
 
 def _path(mount: str, *parts: str) -> str:

@@ -1,0 +1,38 @@
+"""The checkpoint-file option shared by `audit prune`, `audit archive` and `audit checkpoint`.
+
+Its name is ``--checkpoints`` everywhere (``audit archive --to`` is the archive location). ``audit prune``
+and ``audit checkpoint`` called it ``--to`` before; that spelling still works, hidden from ``--help``,
+with a one-line note on stderr.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+CheckpointsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--checkpoints",
+        envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
+        help="Checkpoint file: earlier checkpoints and cuts are read from it and this run's are appended "
+        "(a place the store's writers cannot rewrite) "
+        "[default: $MRTR_KEYS_AUDIT_CHECKPOINTS, else audit-checkpoints.jsonl in the state directory].",
+        show_default=False,
+    ),
+]
+
+OldToOpt = Annotated[Path | None, typer.Option("--to", hidden=True, help="Old name of --checkpoints (still accepted).")]
+
+
+def checkpoints_option(command: str, checkpoints: Path | None, old_to: Path | None) -> Path | None:
+    """The checkpoint file given: ``--to`` (the old name, which wins as an explicit flag over the
+    environment) or ``--checkpoints``; None for the default."""
+    if old_to is None:
+        return checkpoints
+    from mrtr_keys.cli.output import error
+
+    error(f"note: audit {command} --to is now --checkpoints (--to still works)")
+    return old_to
