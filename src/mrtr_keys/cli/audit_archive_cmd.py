@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 
 from mrtr_keys.audit.events import plural
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
-from mrtr_keys.cli.audit_options import CheckpointsOpt
+from mrtr_keys.cli.audit_options import CheckpointsOpt, progress_lines
 from mrtr_keys.cli.audit_prune_cmd import _refuse_inside_gate_window, locked_docs
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 
@@ -53,15 +52,7 @@ def archive(
     _refuse_inside_gate_window(cutoff, keystore_)
     store = _open(audit, keystore_)
     path = checkpoints or _default_checkpoints(keystore_)
-    last = [0.0]
-
-    def progress(phase: str, records: int, elapsed: float) -> None:
-        if elapsed >= 2.0 and elapsed - last[0] >= 10.0:
-            last[0] = elapsed
-            sys.stderr.write(
-                f"mrtr-keys: archive: {phase} {plural(records, 'record', grouped=True)} in {elapsed:.0f} s\n"
-            )
-            sys.stderr.flush()
+    progress = progress_lines("archive")
 
     try:
         with locked_docs(path, store.url) as docs:

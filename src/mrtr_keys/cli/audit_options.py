@@ -1,4 +1,5 @@
-"""The checkpoint-file option shared by `audit prune`, `audit archive` and `audit checkpoint`.
+"""The checkpoint-file option shared by `audit prune`, `audit archive` and `audit checkpoint`, and the
+progress lines of the long ones.
 
 Its name is ``--checkpoints`` everywhere (``audit archive --to`` is the archive location). ``audit prune``
 and ``audit checkpoint`` called it ``--to`` before; that spelling still works, hidden from ``--help``,
@@ -7,6 +8,8 @@ with a one-line note on stderr.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -36,3 +39,21 @@ def checkpoints_option(command: str, checkpoints: Path | None, old_to: Path | No
 
     error(f"note: audit {command} --to is now --checkpoints (--to still works)")
     return old_to
+
+
+def progress_lines(command: str) -> Callable[[str, int, float], None]:
+    """A ``progress(phase, records, elapsed_seconds)`` callback for `command` (``prune``, ``archive``):
+    silent for the first 2 s, then one stderr line at most every 10 s."""
+    from mrtr_keys.audit.events import plural
+
+    last = [0.0]
+
+    def progress(phase: str, records: int, elapsed: float) -> None:
+        if elapsed >= 2.0 and elapsed - last[0] >= 10.0:
+            last[0] = elapsed
+            sys.stderr.write(
+                f"mrtr-keys: {command}: {phase} {plural(records, 'record', grouped=True)} in {elapsed:.0f} s\n"
+            )
+            sys.stderr.flush()
+
+    return progress

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _keystore, _open
-from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option
+from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option, progress_lines
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
 
@@ -38,15 +37,7 @@ def prune(
     _refuse_inside_gate_window(cutoff, keystore_)
     store = _open(audit, keystore_)
     path = checkpoints_option("prune", checkpoints, old_to) or _default_checkpoints(keystore_)
-    last = [0.0]
-
-    def progress(phase: str, records: int, elapsed: float) -> None:
-        if elapsed >= 2.0 and elapsed - last[0] >= 10.0:
-            last[0] = elapsed
-            sys.stderr.write(
-                f"mrtr-keys: prune: {phase} {plural(records, 'record', grouped=True)} in {elapsed:.0f} s\n"
-            )
-            sys.stderr.flush()
+    progress = progress_lines("prune")
 
     try:
         with locked_docs(path, store.url) as docs:
