@@ -21,6 +21,10 @@ process (wall time; peak RSS from ``wait4``):
   fingerprint lookup, in process: the bench's audit key is not beside a ring). Target: within 2x
   for 5x the events.
 
+Then `bench.audit_retention`: a running sidecar's own retention (``serve --audit-retention``)
+prunes a quarter of a 200,000-event log while a client measures seal+unseal p99 (target <= 2x the
+same sidecar's p99 without retention).
+
 Sizes: ``MRTR_KEYS_BENCH_AUDIT_SIZES`` (default ``1000000,5000000``; ``--quick``: 10 000 and 40 000).
 """
 
@@ -35,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import audit_retention
 from bench.audit_log import fill
 from bench.common import Settings
 from bench.report import Row
@@ -243,4 +248,4 @@ def run(services: Services, settings: Settings) -> list[Row]:
                 growth, "<= 1.2x"
             )
         )
-    return rows
+    return rows + audit_retention.run(services, settings)
