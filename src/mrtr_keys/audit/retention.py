@@ -1,6 +1,7 @@
 """The retention a sidecar applies by itself (``serve --audit-retention 30d``; off by default).
 
-A daemon thread (never the event loop) runs `mrtr_keys.audit.prune.prune` every `interval` seconds
+A daemon thread (never the event loop) runs `mrtr_keys.audit.prune.prune` every `interval` seconds, in a
+child process at low priority (`mrtr_keys.audit.retention_child`),
 with the cut-off "now minus `keep`", on its own connection to the audit store, recording each cut in
 the checkpoint file (``audit-checkpoints.jsonl`` in the state directory, or
 ``MRTR_KEYS_AUDIT_CHECKPOINTS``) exactly as ``mrtr-keys audit prune`` does, so ``audit verify``
@@ -18,17 +19,20 @@ keeps working. Rules:
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mrtr_keys.audit.chain import read_checkpoints
 from mrtr_keys.audit.events import format_ts, parse_when, plural
-from mrtr_keys.errors import ConfigError, MrtrKeysError
+from mrtr_keys.errors import ConfigError
 from mrtr_keys.urls import redact
 
 log = logging.getLogger("mrtr_keys.audit.retention")
@@ -37,12 +41,10 @@ DEFAULT_INTERVAL = 3600.0
 """Seconds between runs."""
 DEFAULT_DEADLINE = 600.0
 """Seconds a run's verifying walk may take before the run gives up (tried again next interval)."""
+CHILD = "mrtr_keys.audit.retention_child"
+"""The module each run executes in (``python -m``)."""
 GATE_MARGIN = 60.0
 """Seconds past the ring's TTL the retire gate may look back (docs/audit.md, Rotation gates)."""
-
-
-class DeadlineExceeded(MrtrKeysError):
-    """A retention run's verifying walk took longer than its deadline."""
 
 
 _KEEP = re.compile(r"([+-]?\d+(?:\.\d+)?)\s*([smhdw])")
@@ -134,52 +136,81 @@ class Retention:
         return min(keep_from, gate)
 
     def run_once(self) -> bool:
-        """One run (what the thread does each interval); True if it succeeded. Never raises."""
-        from mrtr_keys.audit.prune import prune, pruner_lock
-        from mrtr_keys.audit.stores.url import open_store
+        """One run (what the thread does each interval); True if it succeeded. Never raises.
 
+        The prune runs in a child process at low priority (`mrtr_keys.audit.retention_child`): its
+        verifying walk is pure Python, and as a thread it took the interpreter lock from the requests.
+        """
         now = time.time()
         self.last_attempt = now
-        started = time.monotonic()
-        before = self.cutoff(now)
-        stop = self._stop
-
-        def progress(phase: str, records: int, elapsed: float) -> None:
-            if phase == "verify" and (stop.is_set() or time.monotonic() - started > self.deadline):
-                raise DeadlineExceeded(
-                    f"audit retention: the verifying walk passed its {self.deadline:g} s deadline after "
-                    f"{plural(records, 'record', grouped=True)} (nothing deleted; tried again in {self.interval:g} s)"
-                )
-
+        request = {
+            "url": self.url,
+            "checkpoints": str(self.checkpoints),
+            "before": self.cutoff(now),
+            "now": now,
+            "deadline": self.deadline,
+            "libpq": {k: v for k, v in os.environ.items() if k.startswith("PG")},
+        }
         try:
-            with pruner_lock(self.checkpoints) as held:
-                if not held:
-                    log.info("audit retention: another process is pruning (%s.lock held); skipping this run",
-                             self.checkpoints)  # fmt: skip
-                    return False
-                store: Any = open_store(self.url)
-                try:
-                    docs = [d for d in read_checkpoints(self.checkpoints) if d.get("store") in (None, store.url)]
-                    result = prune(store, before, docs, str(self.checkpoints), now=now, progress=progress)
-                finally:
-                    store.close()
-        except MrtrKeysError as exc:
-            return self._failed(str(exc))
+            result = self._in_child(request)
         except Exception as exc:  # a background loop never dies of one bad run
             return self._failed(f"audit retention: {type(exc).__name__}: {exc}")
+        if result.get("skipped"):
+            log.info("audit retention: another process is pruning (%s.lock held); skipping this run", self.checkpoints)
+            return False
+        if not result.get("ok"):
+            return self._failed(str(result.get("error") or "audit retention: the run failed"))
+        deleted = int(result["deleted"])
         self.runs += 1
         self.last_success = time.time()
         self.last_error = None
-        self.last_deleted = result.deleted
-        self.deleted_total += result.deleted
-        if result.deleted:
+        self.last_deleted = deleted
+        self.deleted_total += deleted
+        if deleted:
             log.info(
                 "audit retention: pruned %s before %s in %.1f s",
-                plural(result.deleted, "record"),
-                before,
-                result.seconds,
+                plural(deleted, "record"),
+                request["before"],
+                float(result["seconds"]),
             )
         return True
+
+    def _in_child(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run `request` in `mrtr_keys.audit.retention_child`; SIGTERM it when `stop` is asked."""
+        from mrtr_keys.audit.writer.child_writer import child_environment, package_root
+
+        env = child_environment(os.environ)
+        env["PYTHONPATH"] = package_root() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            env=env,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request).encode())
+            proc.stdin.close()
+            asked = False
+            while proc.poll() is None:
+                if self._stop.is_set() and not asked:
+                    proc.terminate()  # the walk stops at its next page; a deletion under way finishes
+                    asked = True
+                try:
+                    proc.wait(0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            out = proc.stdout.read().decode(errors="replace").strip().splitlines()
+        finally:
+            proc.stdout.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if not out:
+            return {"ok": False, "error": f"audit retention: its process ended with status {proc.returncode}"}
+        doc: dict[str, Any] = json.loads(out[-1])
+        return doc
 
     def _failed(self, message: str) -> bool:
         if message != self.last_error:

@@ -77,7 +77,8 @@ def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def _package_root() -> str:
+def package_root() -> str:
+    """The directory holding the `mrtr_keys` package (a child process's ``PYTHONPATH``)."""
     return str(Path(__file__).resolve().parents[3])  # src/ (or site-packages/): mrtr_keys/audit/writer/ is 3 up
 
 
@@ -114,7 +115,7 @@ class ChildWriter:
         self._on_ack, self._on_error, self._on_exit = on_ack, on_error, on_exit
         self._recount = recount
         env = child_environment(os.environ)
-        root = _package_root()
+        root = package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         libpq = {k: v for k, v in os.environ.items() if k.startswith("PG")}
         self.proc = subprocess.Popen(
