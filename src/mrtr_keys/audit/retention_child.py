@@ -35,7 +35,7 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
     from mrtr_keys.audit.prune import prune, pruner_lock
     from mrtr_keys.audit.stores.url import open_store
     from mrtr_keys.errors import MrtrKeysError
-    from mrtr_keys.urls import remember
+    from mrtr_keys.urls import remember, scrub
 
     remember(request["url"])
     started = time.monotonic()
@@ -68,9 +68,9 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
             finally:
                 store.close()
     except MrtrKeysError as exc:
-        return {"ok": False, "error": str(exc)}
-    except Exception as exc:  # one line for the parent's status, never a traceback
-        return {"ok": False, "error": f"audit retention: {type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": scrub(str(exc))}
+    except Exception as exc:  # one line for the parent's status, never a traceback (credentials scrubbed)
+        return {"ok": False, "error": scrub(f"audit retention: {type(exc).__name__}: {exc}")}
     return {"ok": True, "deleted": result.deleted, "seconds": result.seconds}
 
 
