@@ -143,13 +143,13 @@ def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) ->
     import psycopg
 
     from mrtr_keys.replay.postgres_store import PostgresReplayStore
-    from tests.fixtures.replay import proxied
+    from tests.fixtures.faults import through
 
     with psycopg.connect(pg_replay_url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
     parsed = urlparse(pg_replay_url)
     proxy = CountingProxy(parsed.port or 5432, http=False)
-    store = PostgresReplayStore(proxied(pg_replay_url, proxy), timeout=1.0, purge_interval=0.05)
+    store = PostgresReplayStore(through(pg_replay_url, proxy), timeout=1.0, purge_interval=0.05)
     try:
         assert store.consume(os.urandom(16), 60_000)  # schema, and the purge thread starts
         proxy.stop()
