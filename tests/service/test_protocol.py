@@ -18,13 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from mrtr_keys.service.protocol import ConnectionLimits
-from mrtr_keys.service.server import HTTP_PROTOCOLS
-
-BOUND = 10.0
-"""Seconds a client waits at most for an answer or a close (a bound on the test, not a timed assertion)."""
+from tests.support.asgi import BOUND, ThreadedServer, read_body
 
 
 class App:
@@ -36,14 +32,9 @@ class App:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
+        if body is None:
+            return
         if scope["path"] == "/stream":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]})
             await send({"type": "http.response.body", "body": b"one", "more_body": True})
@@ -57,35 +48,9 @@ class App:
         await send({"type": "http.response.body", "body": out})
 
 
-class Server:
+class Server(ThreadedServer):
     def __init__(self, http: str, limits: ConnectionLimits) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(
-            App(limits),
-            http=HTTP_PROTOCOLS[http],
-            loop="uvloop",
-            lifespan="off",
-            log_level="critical",
-            timeout_keep_alive=30,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + BOUND
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.01)
-
-    def connect(self) -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=BOUND)
-        return s
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(BOUND)
-        self.sock.close()
+        super().__init__(App(limits), http, timeout_keep_alive=30)
 
 
 @pytest.fixture(params=["corked", "httptools"])

@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from mrtr_keys.service.protocol import ConnectionLimits
-from mrtr_keys.service.server import HTTP_PROTOCOLS
+from tests.support.asgi import BOUND, ThreadedServer, read_body
 
 pytestmark = pytest.mark.e2e  # a real server and multi-second deadlines: out of the fast loop
 
-BOUND = 10.0
 BIG = 4 * 1024 * 1024
 
 
@@ -42,14 +39,9 @@ class App:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
+        if body is None:
+            return
         if scope["path"] == "/big":
             out = b"b" * BIG
         else:
@@ -60,36 +52,9 @@ class App:
         await send({"type": "http.response.body", "body": out})
 
 
-class Server:
+class Server(ThreadedServer):
     def __init__(self, http: str, limits: ConnectionLimits) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)  # inherited by accepted sockets
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(
-            App(limits), http=HTTP_PROTOCOLS[http], loop="uvloop", lifespan="off", log_level="critical"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + BOUND
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.01)
-
-    def connect(self, source: str = "127.0.0.1", rcvbuf: int | None = None) -> socket.socket:
-        s = socket.socket()
-        if rcvbuf is not None:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        s.settimeout(BOUND)
-        s.bind((source, 0))
-        s.connect(("127.0.0.1", self.port))
-        return s
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(BOUND)
-        self.sock.close()
+        super().__init__(App(limits), http, sndbuf=32 * 1024)
 
 
 @pytest.fixture(params=["corked", "httptools"])
