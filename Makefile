@@ -10,10 +10,15 @@ STAMP := $(VENV)/.installed
 # and pytest rewrites every test module again (about 4 s of CPU per worker). Compiled files stay in __pycache__.
 unexport PYTHONDONTWRITEBYTECODE
 
+# uv (from PyPI, into the venv) installs the same versions as pip in about a third of the time (parallel
+# downloads, a shared cache), and compiles the bytecode pip would; without it (an offline mirror), pip does it.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[all,dev]'
+	if $(BIN)/pip install --quiet uv 2>/dev/null; then \
+		$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e '.[all,dev]'; \
+	else \
+		$(BIN)/pip install --quiet -e '.[all,dev]'; \
+	fi
 	touch $(STAMP)
 
 run: $(STAMP)
