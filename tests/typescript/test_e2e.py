@@ -289,11 +289,11 @@ def test_two_rotations_under_continuous_rounds_reject_nothing(stack: Stack, tmp_
             except Exception as exc:
                 py["failed"] += 1
                 errors.append(repr(exc))
-            stop.wait(0.2)  # paced: rounds all through the rotation, without keeping both cores busy
+            stop.wait(0.5)  # paced: rounds all through the rotation (each builds an MCP session), without a busy core
 
     steps: list[dict[str, Any]] = []
     thread = threading.Thread(target=python_rounds)
-    with ts_client_running(stack.proxy.url, tmp_path / "stop", "--pace", "100") as ts:
+    with ts_client_running(stack.proxy.url, tmp_path / "stop", "--pace", "250") as ts:
         thread.start()
         try:
             time.sleep(0.5)
