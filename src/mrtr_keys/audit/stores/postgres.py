@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date
 from typing import Any
 
+from mrtr_keys.audit.stores import hours
 from mrtr_keys.audit.stores import pg_layout as layout
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
@@ -59,6 +60,7 @@ class PostgresStore(SQLStore):
 
     PARAM = "%s"
     AUTOINC = "BIGSERIAL PRIMARY KEY"
+    HOUR_TEXT = 'TEXT COLLATE "C"'
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -93,6 +95,7 @@ class PostgresStore(SQLStore):
             self.version = self.schema_version()
         if self.version >= SCHEMA_VERSION:
             self.ensure_partitions(str(r[_TIME_COLUMN]) for r in rows)
+        counts = hours.tally(rows)
         with self._transaction("write to") as cur:
             # Held until this transaction ends, so `chain_length` cannot answer while it is in flight.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(str(rows[0][_WRITER_COLUMN])),))
@@ -100,6 +103,7 @@ class PostgresStore(SQLStore):
                 write = copy.write_row
                 for row in rows:
                     write(row)
+            hours.add(cur, self.PARAM, counts)  # the hourly totals, in the same transaction
 
     def chain_length(self, writer: str, since: str) -> int:
         """`AuditStore.chain_length`, after any transaction of chain `writer` still in flight has
@@ -241,8 +245,16 @@ class PostgresStore(SQLStore):
             self._days.discard(day)
         return dropped
 
+    def _odd_clause(self) -> str:
+        return "time !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:'"
+
+    def _lock_hours(self, cur: Any) -> None:
+        # Conflicts with the ROW EXCLUSIVE lock of a writer's upsert: a writer whose events this
+        # recount cannot see yet adds its counts after it, one that committed is seen by it.
+        cur.execute("LOCK TABLE audit_hours IN SHARE ROW EXCLUSIVE MODE")
+
     def _deadline(self, verb: str) -> Any:
-        long = verb in ("read", _DROP)  # a read, or one day partition scanned and dropped
+        long = verb in ("read", _DROP, hours.RECOUNT)  # a read, or one day partition scanned and dropped
         return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if long else WRITE_DEADLINE)
 
     def _broken(self, conn: Any) -> bool:

@@ -176,6 +176,25 @@ class SQLiteStore(SQLStore):
             self.version = int(self._fetch("SELECT MAX(version) FROM schema_version", [])[0][0] or 0)
         return super().chain_length(writer, since)
 
+    # The hourly totals (`mrtr_keys.audit.stores.hours`) over the narrow layout.
+    def _hour_window(self, hour: str) -> tuple[str, list[Any]]:
+        text, values = super()._hour_window(hour)
+        start = self._codec.encode_time(hour + ":00:00.000000Z") if self._narrow() else None
+        if not isinstance(start, int):
+            return text, values
+        return f"(time >= ? AND time < ?) OR ({text})", [start, start + 3_600_000_000, *values]
+
+    def _odd_clause(self) -> str:
+        return ("time >= '' AND " if self._narrow() else "") + super()._odd_clause()
+
+    def _raw_hours(self) -> tuple[str, str]:
+        if not self._narrow():
+            return super()._raw_hours()
+        return "time", "(SELECT name FROM audit_names WHERE audit_names.id = audit_events.instance)"
+
+    def _time_text(self, value: Any) -> Any:
+        return self._codec.decode_time(value)
+
     def _stat_key(self, by: str, key: Any) -> Any:
         return self._codec.name(key, self._names) if by == "instance" and self._narrow() else key
 
