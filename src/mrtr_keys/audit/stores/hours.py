@@ -246,10 +246,7 @@ class HourTotals:
     def _recount(self, cur: Any, hour: str, counted: tuple[int, int]) -> None:
         p = self.PARAM
         _, instance_sql = self._raw_hours()
-        if hour == ODD:
-            window, args = self._odd_clause(), []
-        else:
-            window, args = self._hour_window(hour)
+        window, args = (self._odd_clause(), []) if hour == ODD else self._hour_window(hour)
         fields = [instance_sql if k == "instance" else k for k in STATS_KEYS]
         cur.execute(f"DELETE FROM audit_hours WHERE hour = {p}", (hour,))  # noqa: S608
         cur.execute(
