@@ -18,8 +18,9 @@ process (wall time; peak RSS from ``wait4``):
 * lookups that must stay flat as the log grows (schema 4 indexes): the retire gate's query (the newest
   ``ok`` seal of a kid within the TTL; `mrtr_keys.fleet.gates.sealing_wait`), ``audit query --kid K
   --limit 20`` and ``--kid`` of a rare kid (CLI child, start-up included), and ``--token`` (the
-  fingerprint lookup, in process: the bench's audit key is not beside a ring). Target: within 2x
-  for 5x the events.
+  fingerprint lookup, in process: the bench's audit key is not beside a ring), and ``audit stats``
+  over the whole log and over a window with partial edge hours (CLI child: the hourly totals,
+  `mrtr_keys.audit.stores.hours`). Target: within 2x for 5x the events.
 
 Then `bench.audit_retention`: a running sidecar's own retention (``serve --audit-retention``)
 prunes a quarter of a 200,000-event log while a client measures seal+unseal p99 (target <= 2x the
@@ -114,6 +115,11 @@ def _lookups(url: str) -> dict[str, float]:
     out["kid_rare"] = min(
         _cli_seconds("audit", "query", "--audit", url, "--kid", "0ld0k1d0", "--json") for _ in range(2)
     )
+    out["stats"] = min(_cli_seconds("audit", "stats", "--audit", url, "--by", "instance", "--json") for _ in range(2))
+    out["stats_window"] = min(
+        _cli_seconds("audit", "stats", "--audit", url, "--by", "reason", "--since", "7d", "--op", "seal", "--json")
+        for _ in range(2)
+    )
     return out
 
 
@@ -139,6 +145,8 @@ LOOKUPS = {
     "token": "audit query --token (fingerprint lookup)",
     "kid_limit": "audit query --kid K --limit 20 (CLI)",
     "kid_rare": "audit query --kid RARE (CLI)",
+    "stats": "audit stats --by instance (CLI, hourly totals)",
+    "stats_window": "audit stats --by reason --since 7d --op seal (CLI)",
 }
 
 
