@@ -26,7 +26,7 @@ from mrtr_keys.audit.stores import pg_layout as layout
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.deadlines import WATCHDOG
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
@@ -83,7 +83,7 @@ class PostgresStore(SQLStore):
         try:
             return self._psycopg.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT, **KEEPALIVES)
         except self._psycopg.Error as exc:
-            raise AuditError(f"cannot connect to the audit store {self.url}: {exc}") from None
+            raise AuditUnavailable(f"cannot connect to the audit store {self.url}: {exc}") from None
 
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
         """Store `rows` in one transaction with ``COPY ... FROM STDIN`` (binary framing by psycopg;
@@ -143,9 +143,10 @@ class PostgresStore(SQLStore):
                             break
                         yield from rows
             except self._db_errors as exc:
+                error = self._error(exc)
                 if self._broken(conn):
                     self._discard()
-                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+                raise error(f"cannot read the audit store {self.url}: {exc}") from None
             finally:  # a read: end its transaction, also when the reader stopped early
                 if self._conn is conn and not self._broken(conn):
                     try:
@@ -256,6 +257,13 @@ class PostgresStore(SQLStore):
     def _deadline(self, verb: str) -> Any:
         long = verb in ("read", _DROP, hours.RECOUNT)  # a read, or one day partition scanned and dropped
         return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if long else WRITE_DEADLINE)
+
+    def _error(self, exc: BaseException) -> type[AuditError]:
+        """An outage: the connection is gone, or the server refused, cut or timed out the call
+        (``OperationalError``: connection failures, ``lock_timeout``, the watchdog's deadline)."""
+        conn = self._conn
+        lost = conn is not None and self._broken(conn)
+        return AuditUnavailable if lost or isinstance(exc, self._psycopg.OperationalError) else AuditError
 
     def _broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)

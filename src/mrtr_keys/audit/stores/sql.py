@@ -68,7 +68,7 @@ class SQLStore(HourTotals, SchemaSteps):
             self._migrate()
         except self._db_errors as exc:
             self.close()
-            raise AuditError(f"cannot set up the audit schema in {self.url}: {exc}") from None
+            raise self._error(exc)(f"cannot set up the audit schema in {self.url}: {exc}") from None
 
     @property
     def url(self) -> str:
@@ -156,13 +156,19 @@ class SQLStore(HourTotals, SchemaSteps):
                     self._conn.rollback()
                 except self._db_errors:
                     pass
+                error = self._error(exc)
                 if self._broken(self._conn):
                     self._discard()
-                raise AuditError(f"cannot {verb} the audit store {self.url}: {exc}") from None
+                raise error(f"cannot {verb} the audit store {self.url}: {exc}") from None
 
     def _deadline(self, verb: str) -> AbstractContextManager[object]:
         """Bounds one transaction on the client side (a network store; see `PostgresStore`)."""
         return nullcontext()
+
+    def _error(self, exc: BaseException) -> type[AuditError]:
+        """`AuditUnavailable` if `exc` (a database error) means the store cannot be reached now (a
+        lost or refused connection, a held lock, an I/O error), else `AuditError`."""
+        return AuditError
 
     def _broken(self, conn: Any) -> bool:
         """True if `conn` cannot be used again (the server went away): the next call reconnects."""
@@ -245,7 +251,7 @@ class SQLStore(HourTotals, SchemaSteps):
                 while rows := cur.fetchmany(self.STREAM_PAGE):
                     yield from self._decode(rows)
             except self._db_errors as exc:
-                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+                raise self._error(exc)(f"cannot read the audit store {self.url}: {exc}") from None
             finally:
                 cur.close()
 

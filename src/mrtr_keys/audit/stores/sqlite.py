@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlparse
 from mrtr_keys.audit.stores import narrow
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_FILE = "audit.db"
@@ -69,7 +69,7 @@ class SQLiteStore(SQLStore):
             _wait_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
         except (OSError, sqlite3.Error) as exc:
-            raise AuditError(f"cannot open the audit store {self.path}: {exc}") from None
+            raise AuditUnavailable(f"cannot open the audit store {self.path}: {exc}") from None
         return _AutoTx(conn)
 
     def _begin(self, cur: Any) -> None:
@@ -194,6 +194,12 @@ class SQLiteStore(SQLStore):
 
     def _time_text(self, value: Any) -> Any:
         return self._codec.decode_time(value)
+
+    def _error(self, exc: BaseException) -> type[AuditError]:
+        """An outage: the file is locked past `BUSY_TIMEOUT_MS`, cannot be opened, or an I/O error."""
+        text = str(exc).lower()
+        outage = ("locked", "busy", "unable to open", "disk i/o", "readonly", "disk is full")
+        return AuditUnavailable if any(w in text for w in outage) else AuditError
 
     def _stat_key(self, by: str, key: Any) -> Any:
         return self._codec.name(key, self._names) if by == "instance" and self._narrow() else key
