@@ -81,6 +81,8 @@ def tally(
 
 
 def upsert_sql(param: str) -> str:
+    """One row's ``INSERT ... ON CONFLICT (hour, k) DO UPDATE`` adding its ``n`` (SQLite >= 3.24,
+    PostgreSQL >= 9.5); `param`: the dialect's placeholder."""
     marks = ", ".join([param] * len(COLUMNS))
     return (
         f"INSERT INTO audit_hours ({', '.join(COLUMNS)}) VALUES ({marks}) "  # noqa: S608 - fixed names
@@ -103,11 +105,6 @@ def state(cur: Any) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-def complete(cur: Any) -> bool:
-    upto, done = state(cur)
-    return done >= upto
-
-
 def next_hour(hour: str) -> str | None:
     """The hour key after `hour` (``2026-07-28T23`` -> ``2026-07-29T00``), None if not a real hour."""
     try:
@@ -117,6 +114,7 @@ def next_hour(hour: str) -> str | None:
 
 
 def start_of(hour: str) -> str:
+    """The first event time of an hour key (``2026-07-28T10`` -> ``2026-07-28T10:00:00.000000Z``)."""
     return hour + ":00:00.000000Z"
 
 
