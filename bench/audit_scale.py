@@ -18,8 +18,9 @@ process (wall time; peak RSS from ``wait4``):
 * lookups that must stay flat as the log grows (schema 4 indexes): the retire gate's query (the newest
   ``ok`` seal of a kid within the TTL; `mrtr_keys.fleet.gates.sealing_wait`), ``audit query --kid K
   --limit 20`` and ``--kid`` of a rare kid (CLI child, start-up included), and ``--token`` (the
-  fingerprint lookup, in process: the bench's audit key is not beside a ring). Target: within 2x
-  for 5x the events.
+  fingerprint lookup, in process: the bench's audit key is not beside a ring), and ``audit stats``
+  over the whole log and over a window starting inside an hour (in process: the hourly totals and
+  the edge hour's scan, `mrtr_keys.audit.stores.hours`). Target: within 2x for 5x the events.
 
 Then `bench.audit_retention`: a running sidecar's own retention (``serve --audit-retention``)
 prunes a quarter of a 200,000-event log while a client measures seal+unseal p99 (target <= 2x the
@@ -98,6 +99,7 @@ def _lookups(url: str) -> dict[str, float]:
         gate = Query(
             op="seal", kid="1a2b3c4d", outcome="ok", since=format_ts(time.time() - 3_660), newest_first=True, limit=1
         )
+        week = Query(since=format_ts(time.time() - 7 * 86_400 - 1_234.5), op="seal")  # partial edge hour
         old_gate = Query(
             op="seal", kid="0ld0k1d0", outcome="ok", since=format_ts(time.time() - 3_660), newest_first=True, limit=1
         )
@@ -105,6 +107,9 @@ def _lookups(url: str) -> dict[str, float]:
             "gate": min(_timed(lambda: store.query(gate)) for _ in range(3)),
             "gate_quiet": min(_timed(lambda: store.query(old_gate)) for _ in range(3)),
             "token": min(_timed(lambda: list(store.iter_query(Query(fingerprint=fp)))) for _ in range(3)),
+            "stats": min(_timed(lambda: store.stats("instance", Query())) for _ in range(3)),
+            "stats_window": min(_timed(lambda: store.stats("reason", week)) for _ in range(3)),
+            "stats_scan": _timed(lambda: store._scan_stats("instance", Query())),  # the anchor: a GROUP BY of every row
         }
     finally:
         store.close()
@@ -139,6 +144,8 @@ LOOKUPS = {
     "token": "audit query --token (fingerprint lookup)",
     "kid_limit": "audit query --kid K --limit 20 (CLI)",
     "kid_rare": "audit query --kid RARE (CLI)",
+    "stats": "audit stats --by instance (hourly totals)",
+    "stats_window": "audit stats --by reason --since 7d --op seal (totals + edge hour)",
 }
 
 
@@ -185,6 +192,10 @@ def run(services: Services, settings: Settings) -> list[Row]:
         looks[n] = {**_lookups(url), "retire": _retire_gate(directory)}
         for key, name in LOOKUPS.items():
             rows.append(Row(PART, f"{name}, {label}", "ms", looks[n][key] * 1000))
+        scan = looks[n]["stats_scan"]
+        rows[-2].anchor = rows[-1].anchor = "GROUP BY over every row"
+        rows[-2].ratio, rows[-1].ratio = looks[n]["stats"] / scan, looks[n]["stats_window"] / scan
+        rows[-2].note = f"GROUP BY over every row: {scan * 1000:,.0f} ms"
         res, pseconds, ppeak = _cli("audit", "prune", "--before", "35d", "--audit", url, "--checkpoints", cps, "--json")
         deleted = int(res["deleted"])  # type: ignore[call-overload]
         rows.append(

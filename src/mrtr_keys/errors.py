@@ -101,6 +101,14 @@ class AuditError(MrtrKeysError):
     """The audit store cannot be opened, read or written (bad URL, I/O or database error)."""
 
 
+class AuditUnavailable(AuditError):
+    """The audit store or the archive cannot be reached: a connection refused, cut or timed out, a
+    held lock, an I/O error (exit 75, EX_TEMPFAIL: retry later). A broken chain is exit 1 instead,
+    so cron can tell an outage from tampering (docs/audit.md)."""
+
+    exit_code = 75
+
+
 class AuditBusy(AuditError):
     """Another prune or archive of this checkpoint file is running (exit 75: retry later)."""
 

@@ -9,6 +9,7 @@ blindly.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +19,10 @@ import pytest
 
 from mrtr_keys.audit.chain import ChainWriter, event_values, verify
 from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import stored_prefix
+from mrtr_keys.audit.stores.base import Query, stored_prefix
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.errors import AuditError
-from tests.fixtures.audit import known_events
+from tests.fixtures.audit import cli, known_events
 from tests.support.proxy import CountingProxy
 
 
@@ -59,6 +60,9 @@ def test_the_writer_process_stores_a_commit_whose_answer_was_lost_once(
     assert _twice(postgres_url) == 0
     assert sink.store.count() == 120 and sink.written == 120 and sink.dropped == 0
     assert verify(open_store(postgres_url).records()).ok
+    # `audit stats` (hourly totals written in the append's transaction) counts the resent ones once
+    stats = json.loads(cli("audit", "stats", "--by", "op", "--audit", postgres_url, "--json").out)
+    assert stats == [{"key": "seal", "count": 120}]
 
 
 def test_a_synchronous_write_retried_after_a_lost_commit_is_stored_once(
@@ -80,6 +84,8 @@ def test_a_synchronous_write_retried_after_a_lost_commit_is_stored_once(
             time.sleep(0.1)
     assert _twice(postgres_url) == 0 and sink.store.count() == 6
     assert verify(open_store(postgres_url).records()).ok
+    stats = json.loads(cli("audit", "stats", "--by", "kid", "--audit", postgres_url, "--json").out)
+    assert sum(s["count"] for s in stats) == 6
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "jsonl", "postgres"])
@@ -96,6 +102,10 @@ def test_the_store_says_how_much_of_a_transaction_it_holds(
     assert stored_prefix(store, first) == 3
     second = chain.link_values(values[3:])
     assert stored_prefix(store, second) == 0
+    # a writer re-sending both after an error sends only what is not stored: `stats` counts each once
+    for rows in (first, second):
+        store.append_rows(rows[stored_prefix(store, rows) :])
+    assert sum(n for _, n in store.stats("op", Query())) == store.count() == 6
     store.close()
 
 

@@ -25,10 +25,16 @@ def test_audit_scale_part_prints_every_row(tmp_path: Path) -> None:
             "audit verify --from-archive",
         ):
             assert f"{name}, {n} events" in rows, proc.stdout
-        for name in ("rotate retire gate query (kid sealing)", "audit query --token (fingerprint lookup)"):
+        for name in (
+            "rotate retire gate query (kid sealing)",
+            "audit query --token (fingerprint lookup)",
+            "audit stats --by instance (hourly totals)",
+            "audit stats --by reason --since 7d --op seal (totals + edge hour)",
+        ):
             assert f"{name}, {n} events" in rows, proc.stdout
     assert "verify RSS growth, 4x the events" in rows
     assert "audit query --kid K --limit 20 (CLI) growth, 4x the events" in rows
+    assert "audit stats --by instance (hourly totals) growth, 4x the events" in rows
     # a running sidecar's own retention prunes while a client measures (bench.audit_retention)
     for name in (
         "seal+unseal p99 outside the prune (anchor)",

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 from mrtr_keys.urls import refuse_nul
 
 
@@ -74,7 +74,7 @@ class DirDestination:
             self.root.mkdir(parents=True, exist_ok=True)
             return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
         except OSError as exc:
-            raise AuditError(f"cannot write the archive directory {self.root}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot write the archive directory {self.root}: {exc.strerror}") from None
 
     def cleanup(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
@@ -92,7 +92,7 @@ class DirDestination:
             os.replace(path, target)
             _fsync_dir(target.parent)
         except OSError as exc:
-            raise AuditError(f"cannot write {self.root / name}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot write {self.root / name}: {exc.strerror}") from None
 
     def put_bytes(self, name: str, data: bytes) -> None:
         try:
@@ -105,7 +105,7 @@ class DirDestination:
             os.replace(tmp, target)
             _fsync_dir(target.parent)
         except OSError as exc:
-            raise AuditError(f"cannot write {self.root / name}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot write {self.root / name}: {exc.strerror}") from None
 
     def get(self, name: str, max_bytes: int | None = None) -> bytes | None:
         """Only a regular file is read (a FIFO or device in its place, such as a link to /dev/zero,
@@ -116,14 +116,14 @@ class DirDestination:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise AuditError(f"cannot read {path}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot read {path}: {exc.strerror}") from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise AuditError(f"cannot read {path}: not a regular file")
             with os.fdopen(fd, "rb", closefd=False) as f:
                 return f.read() if max_bytes is None else f.read(max_bytes + 1)
         except OSError as exc:
-            raise AuditError(f"cannot read {path}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot read {path}: {exc.strerror}") from None
         finally:
             os.close(fd)
 

@@ -26,12 +26,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 60.0
 """Seconds a socket read may wait (a segment upload of a few MB on a slow link included)."""
 MAX_ATTEMPTS = 3
+_OUTAGE_CODES = ("SlowDown", "ServiceUnavailable", "RequestTimeout", "InternalError", "RequestTimeTooSkewed")
+"""S3 error codes of a service that cannot answer now (with any 5xx: `AuditUnavailable`, exit 75)."""
 MODES = ("GOVERNANCE", "COMPLIANCE")
 
 
@@ -91,9 +93,11 @@ class S3Destination:
             return getattr(self.client(), op)(Bucket=self.bucket, **kw)
         except ClientError as exc:
             err = exc.response.get("Error", {})
-            raise AuditError(f"cannot {what} s3://{self.bucket}: {err.get('Code')}: {err.get('Message')}") from None
-        except BotoCoreError as exc:
-            raise AuditError(f"cannot {what} s3://{self.bucket}: {type(exc).__name__}: {exc}") from None
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            error = AuditUnavailable if status >= 500 or err.get("Code") in _OUTAGE_CODES else AuditError
+            raise error(f"cannot {what} s3://{self.bucket}: {err.get('Code')}: {err.get('Message')}") from None
+        except BotoCoreError as exc:  # no answer: refused, cut, timed out, a name that does not resolve
+            raise AuditUnavailable(f"cannot {what} s3://{self.bucket}: {type(exc).__name__}: {exc}") from None
 
     def _lock_configuration(self) -> dict[str, Any]:
         from botocore.exceptions import ClientError
@@ -179,7 +183,7 @@ class S3Destination:
             if not page.get("IsTruncated") or not token:
                 return sorted(names)
             if time.monotonic() - started > 10 * READ_TIMEOUT:
-                raise AuditError(f"cannot list s3://{self.bucket}/{self._key(prefix)}: too slow")
+                raise AuditUnavailable(f"cannot list s3://{self.bucket}/{self._key(prefix)}: too slow")
 
     def retention(self) -> str:
         return self._described or "unknown (nothing written)"

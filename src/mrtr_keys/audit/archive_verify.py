@@ -25,7 +25,7 @@ import json
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -46,6 +46,9 @@ class ArchiveReport(StreamReport):
     manifests: int = 0
     segments: int = 0
     archived: int = 0
+    unlisted: list[str] = field(default_factory=list)
+    """Files in the location that no manifest on the chain lists (not verified; an interrupted
+    ``audit archive`` run leaves segments published before its manifest, or a staging directory)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class ArchiveReport(StreamReport):
                 "manifests": self.manifests,
                 "segments": self.segments,
                 "records": self.archived,
+                "unlisted": self.unlisted,
             },
         }
 
@@ -289,6 +293,8 @@ def _walk_archive(
     """Feed every archived record to `walker`; returns each chain's last archived head (seq, hash)."""
     chain, _ = manifest_chain(dest, docs)
     report.manifests = len(chain)
+    listed = {name for name, _ in chain} | {str(seg["file"]) for _, doc in chain for seg in doc["segments"]}
+    report.unlisted = [name for name in dest.list("") if name not in listed]
     heads: dict[str, tuple[int, str]] = {}
     for mname, doc in chain:
         for seg in doc["segments"]:

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from mrtr_keys.audit.chain import append_checkpoint
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.stores.hours import ODD, hour_of
 from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Walker, prune_starts
 from mrtr_keys.errors import AuditError, ConfigError
 
@@ -145,8 +146,12 @@ def prune(
             doc["archive"] = archive.seal(result.cuts)
         append_checkpoint(checkpoint_path, doc)
         result.checkpoint = str(checkpoint_path)
-    result.deleted = _drop_partitions(store, before, limits)
-    result.deleted += _delete(store, limits, high, min(page, DELETE_PAGE), progress, started)
+    dropped = _drop_partitions(store, before, limits)
+    seen: dict[str, Any] = {"newest": None, "odd": bool(dropped)}
+    result.deleted = dropped + _delete(store, limits, high, min(page, DELETE_PAGE), progress, started, seen)
+    recount = getattr(store, "recount_after_prune", None)
+    if recount is not None:  # the hourly totals of `audit stats` (`mrtr_keys.audit.stores.hours`)
+        recount(before, seen["newest"], seen["odd"])
     result.seconds = time.monotonic() - started
     return result
 
@@ -157,8 +162,17 @@ def _drop_partitions(store: Any, before: str, limits: dict[str, int]) -> int:
     return 0 if drop is None else int(drop(before, limits))
 
 
-def _delete(store: Any, limits: dict[str, int], high: int, page: int, progress: Progress | None, started: float) -> int:
-    """Delete every record at or before its chain's limit among positions up to `high`."""
+def _delete(
+    store: Any,
+    limits: dict[str, int],
+    high: int,
+    page: int,
+    progress: Progress | None,
+    started: float,
+    seen: dict[str, Any],
+) -> int:
+    """Delete every record at or before its chain's limit among positions up to `high`; `seen`
+    gets the newest deleted event time (``newest``) and whether any was `ODD` (``odd``)."""
     deleted = 0
     after = 0
     while after < high:
@@ -168,7 +182,13 @@ def _delete(store: Any, limits: dict[str, int], high: int, page: int, progress: 
         rows = [r for r in rows if r[0] <= high]
         if not rows:
             break
-        doomed = [r[0] for r in rows if r[13] <= limits.get(r[12], 0)]
+        doomed = [r for r in rows if r[13] <= limits.get(r[12], 0)]
+        for r in doomed:
+            when = str(r[1])
+            if seen["newest"] is None or when > seen["newest"]:
+                seen["newest"] = when
+            seen["odd"] = seen["odd"] or hour_of(when) == ODD
+        doomed = [r[0] for r in doomed]
         last = int(rows[-1][0])
         if len(doomed) == len(rows):
             deleted += store.delete_positions(after, last)

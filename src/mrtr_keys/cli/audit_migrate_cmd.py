@@ -1,14 +1,19 @@
 """`mrtr-keys audit migrate`: bring an audit store to the current schema (4), once (docs/audit.md).
 
 PostgreSQL: the events table becomes partitioned by day (every row copied with its storage
-position, in one transaction); SQLite: the indexes of schema 4. Refuses a store already migrated.
+position, in one transaction); SQLite: the indexes of schema 4. Then the events written before the
+hourly totals of ``audit stats`` existed are counted into them, in pages
+(`mrtr_keys.audit.stores.hours`); on a schema 4 store that is all it does. Refuses a store with
+nothing left to do.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from mrtr_keys.audit.events import plural
+from mrtr_keys.audit.stores.base import SCHEMA_VERSION
 from mrtr_keys.cli.audit_cmd import AuditOpt, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
@@ -16,7 +21,8 @@ from mrtr_keys.errors import ConfigError
 
 def migrate(keystore_: KeystoreOpt = None, audit: AuditOpt = None, json_: JsonOpt = False) -> None:
     """Migrate the audit store to schema 4 (PostgreSQL: partitions by day; SQLite: new indexes),
-    keeping every event; runs once (stop the writers first on a large store)."""
+    keeping every event, and count older events into the hourly totals of `audit stats`; runs once
+    (stop the writers first on a large store)."""
     from mrtr_keys.cli.output import print_json, print_line
 
     store = _open(audit, keystore_)
@@ -25,13 +31,31 @@ def migrate(keystore_: KeystoreOpt = None, audit: AuditOpt = None, json_: JsonOp
         if run is None:
             raise ConfigError(f"{store.url}: a JSON-lines audit log has no schema to migrate")
         started = time.monotonic()
-        old, new, events = run()
+        sql: Any = store  # a SQL store (it has `migrate`)
+        if sql.version >= SCHEMA_VERSION and sql.totals_pending():
+            old = new = sql.version
+            events = sql.count()
+        else:
+            old, new, events = run()
+        counted = sql.backfill()
         seconds = time.monotonic() - started
     finally:
         store.close()
     if json_:
-        print_json({"store": store.url, "from": old, "to": new, "events": events, "seconds": round(seconds, 3)})
+        print_json(
+            {
+                "store": store.url,
+                "from": old,
+                "to": new,
+                "events": events,
+                "counted": counted,
+                "seconds": round(seconds, 3),
+            }
+        )
+    elif old == new:
+        print_line(f"counted {plural(counted, 'event')} of {store.url} into the hourly totals, in {seconds:.1f} s")
     else:
         print_line(
-            f"migrated {store.url} from schema {old} to {new}: {plural(events, 'event')} kept, in {seconds:.1f} s"
+            f"migrated {store.url} from schema {old} to {new}: {plural(events, 'event')} kept, "
+            f"{counted} counted into the hourly totals, in {seconds:.1f} s"
         )

@@ -19,6 +19,8 @@ from mrtr_keys.errors import ConfigError
 
 PROGRESS_AFTER = 2.0
 """Seconds of verifying before progress lines start (short runs print none)."""
+UNLISTED_SHOWN = 20
+"""Files named in the warning about files no manifest lists (``--json`` names them all)."""
 QUIET_EVERY = 10.0
 """Seconds between progress lines when stderr is not a terminal (a terminal's line is redrawn)."""
 
@@ -92,6 +94,9 @@ def verify(
         from mrtr_keys.audit.archive_dest import open_destination
 
         dest = open_destination(from_archive)
+        root = getattr(dest, "root", None)  # a directory (an s3:// location has no such test)
+        if root is not None and not root.is_dir():
+            raise ConfigError(f"--from-archive {from_archive}: no such directory")
     store = _open(audit, keystore_)
     cp_path = checkpoints or _default_checkpoints(keystore_)
     docs = [d for d in read_checkpoints(cp_path) if d.get("store") in (None, store.url)]
@@ -108,6 +113,16 @@ def verify(
     finally:
         progress.done()
         store.close()
+    unlisted = getattr(report, "unlisted", None)
+    if dest is not None and unlisted:
+        shown = ", ".join(unlisted[:UNLISTED_SHOWN]) + (
+            f" (and {len(unlisted) - UNLISTED_SHOWN} more)" if len(unlisted) > UNLISTED_SHOWN else ""
+        )
+        sys.stderr.write(
+            f"mrtr-keys: warning: {plural(len(unlisted), 'file')} in {dest.uri} listed by no manifest, not "
+            f"verified (an interrupted audit archive run leaves such files; remove them when no run is going): "
+            f"{shown}\n"
+        )
     if json_:
         print_json(report.to_json())
     else:

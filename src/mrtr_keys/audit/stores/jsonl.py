@@ -23,7 +23,7 @@ from pathlib import Path
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS
 from mrtr_keys.audit.stores.base import AUTO_SCHEMA, INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query, record_row
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 
 
 class JSONLStore:
@@ -42,7 +42,7 @@ class JSONLStore:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise AuditError(f"cannot open the audit store {self.path}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot open the audit store {self.path}: {exc.strerror}") from None
         version = self.schema_version()
         if version > SCHEMA_VERSION:
             raise ConfigError(f"{self.path} has audit schema version {version}; upgrade mrtr-keys")
@@ -81,13 +81,13 @@ class JSONLStore:
                 finally:
                     os.close(fd)
             except OSError as exc:
-                raise AuditError(f"cannot write to the audit store {self.path}: {exc.strerror}") from None
+                raise AuditUnavailable(f"cannot write to the audit store {self.path}: {exc.strerror}") from None
 
     def records(self) -> Iterator[Record]:
         try:
             f = self.path.open(encoding="utf-8")
         except OSError as exc:
-            raise AuditError(f"cannot read the audit store {self.path}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot read the audit store {self.path}: {exc.strerror}") from None
         with f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
@@ -174,7 +174,7 @@ class JSONLStore:
                 finally:
                     os.close(fd)
             except OSError as exc:
-                raise AuditError(f"cannot write to the audit store {path}: {exc.strerror}") from None
+                raise AuditUnavailable(f"cannot write to the audit store {path}: {exc.strerror}") from None
 
     def _read_instances(self) -> dict[str, dict[str, object]]:
         try:
@@ -182,7 +182,7 @@ class JSONLStore:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            raise AuditError(f"cannot read the audit store {self._instances_path}: {exc}") from None
+            raise AuditUnavailable(f"cannot read the audit store {self._instances_path}: {exc}") from None
         return doc if isinstance(doc, dict) else {}
 
     def instances(self) -> list[tuple[object, ...]]:

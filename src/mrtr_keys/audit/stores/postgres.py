@@ -21,11 +21,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date
 from typing import Any
 
+from mrtr_keys.audit.stores import hours
 from mrtr_keys.audit.stores import pg_layout as layout
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.deadlines import WATCHDOG
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
@@ -59,6 +60,7 @@ class PostgresStore(SQLStore):
 
     PARAM = "%s"
     AUTOINC = "BIGSERIAL PRIMARY KEY"
+    HOUR_TEXT = 'TEXT COLLATE "C"'
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -81,7 +83,7 @@ class PostgresStore(SQLStore):
         try:
             return self._psycopg.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT, **KEEPALIVES)
         except self._psycopg.Error as exc:
-            raise AuditError(f"cannot connect to the audit store {self.url}: {exc}") from None
+            raise AuditUnavailable(f"cannot connect to the audit store {self.url}: {exc}") from None
 
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
         """Store `rows` in one transaction with ``COPY ... FROM STDIN`` (binary framing by psycopg;
@@ -93,6 +95,7 @@ class PostgresStore(SQLStore):
             self.version = self.schema_version()
         if self.version >= SCHEMA_VERSION:
             self.ensure_partitions(str(r[_TIME_COLUMN]) for r in rows)
+        counts = hours.tally(rows)
         with self._transaction("write to") as cur:
             # Held until this transaction ends, so `chain_length` cannot answer while it is in flight.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(str(rows[0][_WRITER_COLUMN])),))
@@ -100,6 +103,7 @@ class PostgresStore(SQLStore):
                 write = copy.write_row
                 for row in rows:
                     write(row)
+            hours.add(cur, self.PARAM, counts)  # the hourly totals, in the same transaction
 
     def chain_length(self, writer: str, since: str) -> int:
         """`AuditStore.chain_length`, after any transaction of chain `writer` still in flight has
@@ -139,9 +143,10 @@ class PostgresStore(SQLStore):
                             break
                         yield from rows
             except self._db_errors as exc:
+                error = self._error(exc)
                 if self._broken(conn):
                     self._discard()
-                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+                raise error(f"cannot read the audit store {self.url}: {exc}") from None
             finally:  # a read: end its transaction, also when the reader stopped early
                 if self._conn is conn and not self._broken(conn):
                     try:
@@ -241,9 +246,24 @@ class PostgresStore(SQLStore):
             self._days.discard(day)
         return dropped
 
+    def _odd_clause(self) -> str:
+        return "time !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:'"
+
+    def _lock_hours(self, cur: Any) -> None:
+        # Conflicts with the ROW EXCLUSIVE lock of a writer's upsert: a writer whose events this
+        # recount cannot see yet adds its counts after it, one that committed is seen by it.
+        cur.execute("LOCK TABLE audit_hours IN SHARE ROW EXCLUSIVE MODE")
+
     def _deadline(self, verb: str) -> Any:
-        long = verb in ("read", _DROP)  # a read, or one day partition scanned and dropped
+        long = verb in ("read", _DROP, hours.RECOUNT)  # a read, or one day partition scanned and dropped
         return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if long else WRITE_DEADLINE)
+
+    def _error(self, exc: BaseException) -> type[AuditError]:
+        """An outage: the connection is gone, or the server refused, cut or timed out the call
+        (``OperationalError``: connection failures, ``lock_timeout``, the watchdog's deadline)."""
+        conn = self._conn
+        lost = conn is not None and self._broken(conn)
+        return AuditUnavailable if lost or isinstance(exc, self._psycopg.OperationalError) else AuditError
 
     def _broken(self, conn: Any) -> bool:
         return bool(conn.closed or conn.broken)

@@ -10,12 +10,14 @@ from typing import Any
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS, AuditEvent
+from mrtr_keys.audit.stores import hours
 from mrtr_keys.audit.stores.base import (
     INSTANCE_COLUMNS,
     SCHEMA_VERSION,
     SQL_COLUMNS,
     Query,
 )
+from mrtr_keys.audit.stores.hours import HourTotals
 from mrtr_keys.audit.stores.sql_schema import SchemaSteps
 from mrtr_keys.errors import AuditError, ConfigError
 
@@ -40,7 +42,7 @@ def _row_to_record(row: Sequence[Any]) -> Record:
     return Record(ev, writer, int(seq), prev, h, int(pos))
 
 
-class SQLStore(SchemaSteps):
+class SQLStore(HourTotals, SchemaSteps):
     """Base of the SQL stores; a subclass supplies `_connect`, `_db_errors`, `PARAM`, `AUTOINC`, `_lock_schema`.
 
     A connection the server dropped (`_broken`) is discarded on the error that revealed it, and the
@@ -66,7 +68,7 @@ class SQLStore(SchemaSteps):
             self._migrate()
         except self._db_errors as exc:
             self.close()
-            raise AuditError(f"cannot set up the audit schema in {self.url}: {exc}") from None
+            raise self._error(exc)(f"cannot set up the audit schema in {self.url}: {exc}") from None
 
     @property
     def url(self) -> str:
@@ -102,6 +104,7 @@ class SQLStore(SchemaSteps):
         if not rows:
             return
         step = self.ROWS_PER_INSERT
+        counts = hours.tally(rows)
         with self._transaction("write to") as cur:
             self._begin(cur)
             rows = self._encode_rows(cur, rows)
@@ -113,6 +116,7 @@ class SQLStore(SchemaSteps):
                 # size would fill the driver's statement cache with up to 128 large prepared
                 # statements (tens of MB in a long-running writer).
                 cur.executemany(self._insert_sql(1), rows[full:])
+            hours.add(cur, self.PARAM, counts)  # the hourly totals, in the same transaction
         self._appended()
 
     # Hooks of a dialect whose stored values differ from the event's (SQLite schema 4, `narrow`).
@@ -152,13 +156,19 @@ class SQLStore(SchemaSteps):
                     self._conn.rollback()
                 except self._db_errors:
                     pass
+                error = self._error(exc)
                 if self._broken(self._conn):
                     self._discard()
-                raise AuditError(f"cannot {verb} the audit store {self.url}: {exc}") from None
+                raise error(f"cannot {verb} the audit store {self.url}: {exc}") from None
 
     def _deadline(self, verb: str) -> AbstractContextManager[object]:
         """Bounds one transaction on the client side (a network store; see `PostgresStore`)."""
         return nullcontext()
+
+    def _error(self, exc: BaseException) -> type[AuditError]:
+        """`AuditUnavailable` if `exc` (a database error) means the store cannot be reached now (a
+        lost or refused connection, a held lock, an I/O error), else `AuditError`."""
+        return AuditError
 
     def _broken(self, conn: Any) -> bool:
         """True if `conn` cannot be used again (the server went away): the next call reconnects."""
@@ -241,7 +251,7 @@ class SQLStore(SchemaSteps):
                 while rows := cur.fetchmany(self.STREAM_PAGE):
                     yield from self._decode(rows)
             except self._db_errors as exc:
-                raise AuditError(f"cannot read the audit store {self.url}: {exc}") from None
+                raise self._error(exc)(f"cannot read the audit store {self.url}: {exc}") from None
             finally:
                 cur.close()
 
@@ -312,8 +322,18 @@ class SQLStore(SchemaSteps):
         return int(row[0][0]) if row and row[0][0] is not None else 0
 
     def stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
+        """`AuditStore.stats` from the hourly totals (`mrtr_keys.audit.stores.hours`): cost bounded
+        by the hours in the window and the events of its partial edge hours, not the log's size.
+
+        Raises:
+            ConfigError: `by` is not one of `STATS_KEYS`; AuditError: the store cannot be read.
+        """
         if by not in STATS_KEYS:
             raise ConfigError(f"--by must be one of {', '.join(STATS_KEYS)}")
+        return self.stats_from_totals(by, q)
+
+    def _scan_stats(self, by: str, q: Query) -> list[tuple[str | None, int]]:
+        """Counts by scanning the events matching `q` (the edges of a window, or what the totals cannot answer)."""
         where, args = self._where(q)
         # `by` is one of STATS_KEYS (checked above); values are bound parameters.
         sql = f"SELECT {by}, COUNT(*) AS n FROM audit_events{where} GROUP BY {by} ORDER BY n DESC, {by}"  # noqa: S608

@@ -54,6 +54,7 @@ class SchemaSteps:
                 if current == 0:  # a new store: straight to the current layout (an empty table to convert)
                     self._to_v4(cur)
                     cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (SCHEMA_VERSION,))  # noqa: S608
+                self._make_hours(cur)
                 self._conn.commit()
                 self.version = self._current_version(cur)
             except BaseException:
@@ -65,6 +66,10 @@ class SchemaSteps:
         cur.execute("SELECT MAX(version) FROM schema_version")
         row = cur.fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+    def _make_hours(self, cur: Any) -> None:
+        """Create the hourly totals if missing (`mrtr_keys.audit.stores.hours.HourTotals`)."""
+        raise NotImplementedError
 
     def _to_v4(self, cur: Any) -> None:
         """Schema 3 -> 4 in the dialect (inside the migration transaction)."""

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlparse
 from mrtr_keys.audit.stores import narrow
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
-from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 
 BUSY_TIMEOUT_MS = 10_000
 DEFAULT_FILE = "audit.db"
@@ -69,7 +69,7 @@ class SQLiteStore(SQLStore):
             _wait_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
         except (OSError, sqlite3.Error) as exc:
-            raise AuditError(f"cannot open the audit store {self.path}: {exc}") from None
+            raise AuditUnavailable(f"cannot open the audit store {self.path}: {exc}") from None
         return _AutoTx(conn)
 
     def _begin(self, cur: Any) -> None:
@@ -175,6 +175,31 @@ class SQLiteStore(SQLStore):
         if self.version < SCHEMA_VERSION:
             self.version = int(self._fetch("SELECT MAX(version) FROM schema_version", [])[0][0] or 0)
         return super().chain_length(writer, since)
+
+    # The hourly totals (`mrtr_keys.audit.stores.hours`) over the narrow layout.
+    def _hour_window(self, hour: str) -> tuple[str, list[Any]]:
+        text, values = super()._hour_window(hour)
+        start = self._codec.encode_time(hour + ":00:00.000000Z") if self._narrow() else None
+        if not isinstance(start, int):
+            return text, values
+        return f"(time >= ? AND time < ?) OR ({text})", [start, start + 3_600_000_000, *values]
+
+    def _odd_clause(self) -> str:
+        return ("time >= '' AND " if self._narrow() else "") + super()._odd_clause()
+
+    def _raw_hours(self) -> tuple[str, str]:
+        if not self._narrow():
+            return super()._raw_hours()
+        return "time", "(SELECT name FROM audit_names WHERE audit_names.id = audit_events.instance)"
+
+    def _time_text(self, value: Any) -> Any:
+        return self._codec.decode_time(value)
+
+    def _error(self, exc: BaseException) -> type[AuditError]:
+        """An outage: the file is locked past `BUSY_TIMEOUT_MS`, cannot be opened, or an I/O error."""
+        text = str(exc).lower()
+        outage = ("locked", "busy", "unable to open", "disk i/o", "readonly", "disk is full")
+        return AuditUnavailable if any(w in text for w in outage) else AuditError
 
     def _stat_key(self, by: str, key: Any) -> Any:
         return self._codec.name(key, self._names) if by == "instance" and self._narrow() else key

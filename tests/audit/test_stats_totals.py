@@ -1,0 +1,103 @@
+"""`audit stats` answers from hourly totals (issue 26, deliver 5) and still equals a plain count of
+the events: after writes, after a prune, after an archive, on SQLite and PostgreSQL, with and without
+``--since``/``--until``/``--op``/``--outcome``; an existing store gets its totals from ``audit
+migrate``. (After a resend: tests/audit/test_resend.py.)
+
+Logs are genuine (`bench.audit_log.fill`): 2 000 events over 40 days on three chains.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from bench.audit_log import fill
+
+from mrtr_keys.audit.events import parse_when
+from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.stores.url import open_store
+from tests.fixtures.audit import cli, pg_exec, sqlite_exec
+
+EVENTS = 2_000
+CASES = (
+    ("instance", ()),
+    ("op", ("--outcome", "rejected")),
+    ("reason", ("--since", "35d")),  # a partial hour at the start, whole hours to now
+    ("outcome", ("--until", "12d", "--op", "seal")),
+    ("instance", ("--since", "33d", "--until", "31d", "--op", "unseal", "--outcome", "ok")),
+    ("op", ("--since", "20d", "--until", "20d")),  # empty
+)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callable[..., None]]:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path}/audit.db", sqlite_exec
+    return request.getfixturevalue("postgres_url"), pg_exec
+
+
+def _stats(url: str, by: str, *args: str) -> dict[str | None, int]:
+    res = cli("audit", "stats", "--by", by, "--audit", url, "--json", *args)
+    assert res.code == 0, res.err
+    return {row["key"]: row["count"] for row in json.loads(res.out)}
+
+
+def _counted(url: str, by: str, *args: str) -> dict[str | None, int]:
+    """The same question answered by reading every matching event."""
+    opts = dict(zip(args[::2], args[1::2], strict=True))
+    q = Query(
+        since=parse_when(opts["--since"]) if "--since" in opts else None,
+        until=parse_when(opts["--until"]) if "--until" in opts else None,
+        op=opts.get("--op"),
+        outcome=opts.get("--outcome"),
+    )
+    s = open_store(url)
+    try:
+        return dict(Counter(getattr(r.event, by) for r in s.iter_query(q)))
+    finally:
+        s.close()
+
+
+def _check(url: str) -> None:
+    for by, args in CASES:
+        assert _stats(url, by, *args) == _counted(url, by, *args), (by, args)
+
+
+def test_stats_equals_a_plain_count_after_writes_prune_and_archive(
+    store: tuple[str, Callable[..., None]], tmp_path: Path
+) -> None:
+    url, _ = store
+    fill(url, EVENTS, tx=EVENTS // 24)
+    _check(url)
+    assert sum(_stats(url, "op").values()) == EVENTS
+    cps = tmp_path / "checkpoints.jsonl"
+    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(cps), "--json")
+    assert res.code == 0 and json.loads(res.out)["deleted"] > 0, res.err
+    _check(url)
+    fill(url, 300, tx=50, host="later-host")  # writes after the prune, then an archive cuts again
+    res = cli(
+        "audit", "archive", "--before", "25d", "--audit", url, "--to", str(tmp_path / "arch"),
+        "--checkpoints", str(cps), "--json",
+    )  # fmt: skip
+    assert res.code == 0 and json.loads(res.out)["deleted"] > 0, res.err
+    _check(url)
+    total = sum(_stats(url, "op").values())
+    assert total == open_store(url).count()
+
+
+def test_an_existing_store_is_counted_by_scanning_until_migrate_builds_its_totals(
+    store: tuple[str, Callable[..., None]],
+) -> None:
+    url, execute = store
+    fill(url, EVENTS, tx=EVENTS // 24)
+    execute(url, "DROP TABLE audit_hours", "DROP TABLE audit_hours_from")  # a store from before the totals
+    fill(url, 200, tx=50, host="later-host")  # reopened: totals from here on
+    _check(url)
+    res = cli("audit", "migrate", "--audit", url, "--json")
+    assert res.code == 0 and json.loads(res.out)["counted"] == EVENTS, res.err
+    _check(url)
+    res = cli("audit", "migrate", "--audit", url)
+    assert res.code == 2 and "nothing to migrate" in res.err, res.err
