@@ -35,9 +35,18 @@ E2E_MODULES = frozenset(
         "service/test_reload.py",
         "service/test_clients_and_config.py",
         "keystores/test_file.py::test_a_writer_gives_up_on_a_held_lock_with_exit_75_and_changes_nothing",
+        "keystores/test_file.py::test_a_failed_write_leaves_the_old_ring_as_it_was",
+        "keystores/test_mounted.py::test_a_write_is_refused_naming_where_writes_go",
+        "backends/test_missing_extras.py",
+        "fleet/test_gates.py::test_promote_refuses_while_a_live_instance_lacks_phase_1_then_allows",
+        "fleet/test_gates.py::test_retire_refuses_while_the_old_kid_seals_within_ttl",
+        "fleet/test_presence.py::test_a_clean_shutdown_writes_stopped",
+        "test_support.py::test_a_server_whose_port_was_taken_is_started_again_on_another",
     }
 )
-"""Modules (or single tests) that start processes without one of those fixtures."""
+"""Modules (or single tests) that start processes without one of those fixtures: the CLI in its own process
+(`run_cli`), a fresh interpreter, a server. The audit writer child that a library codec starts is part of the
+product's in-process sink: tests of it stay in the fast loop."""
 LONG_FIRST = (
     ("e2e/test_fleet_rotation.py", 210),
     ("typescript/test_e2e.py", 150),
