@@ -7,7 +7,8 @@ buffers for good (86 -> 263 MB); one address holding ~4,100 sockets made 42 of 6
 get 503. Here, with small limits so it takes seconds (``write_timeout = 1``, ``--max-connections-per-peer
 32``): 64 MB of trailers on each of two connections, 4 readers that never read a 4 MB response, and one
 address opening 5,000 connections and holding them all (32 taken, the rest answered 503 at once), while a
-client on another loopback address (127.0.0.2) seals and probes throughout (20 rounds a second). RSS is sampled from /proc all along and must stay within 64 MB of the warmed-up baseline.
+client on another loopback address (127.0.0.2) seals and probes throughout (20 rounds a second). RSS is
+sampled from /proc all along and must stay within 64 MB of the warmed-up baseline.
 """
 
 from __future__ import annotations
