@@ -8,13 +8,20 @@ open, nothing answered.
   `Settings.wrk_seconds` while 16 clients keep making single-use unseals against the blackholed store
   (each refused 503 after the store's 1 s deadline), against the same p99 with the store healthy and
   no unseal load (the anchor, same run). Target: <= 1.5x.
+* The same two p99s with the sidecar's other dependencies blackholed, against the same sidecar healthy:
+  its PostgreSQL audit store (not strict: the seals' events wait in the queue) and its keystore, a Vault /
+  OpenBao KV secret (``vault-kv://``; the ring watcher's reads wait, the loaded ring keeps serving).
+  Target: <= 1.5x.
 * A strict sidecar (``strict_audit = true``) whose PostgreSQL audit store is blackholed under ~50 seals
   a second: seconds until ``/readyz`` answers 503. Target: <= 2 s.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -64,17 +71,89 @@ def _probe(url: str, secret: str, seconds: float) -> tuple[list[float], list[flo
     return health, seals
 
 
-def _sidecar(services: Services, work: Path, args: list[str], config: str = "") -> tuple[object, str]:
+def _sidecar(
+    services: Services,
+    work: Path,
+    args: list[str],
+    config: str = "",
+    keystore: str | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[object, str]:
+    """A sidecar on a new file ring in `work` (or on `keystore`, a ring already there), one client."""
     work.mkdir(parents=True, exist_ok=True)
-    ring = work / "keyring.json"
-    create_ring(FileKeystore(ring), audiences=[AUDIENCE])
+    ring: Path | str = keystore or work / "keyring.json"
+    if keystore is None:
+        create_ring(FileKeystore(ring), audiences=[AUDIENCE])
     _, secret = add_client(work / "clients.json", "bench", audiences=[AUDIENCE])
     if config:
         (work / "sidecar.toml").write_text(config)
         args = [*args, "--config", str(work / "sidecar.toml")]
-    svc = start_sidecar_process(ring, workdir=work, args=["--clients", str(work / "clients.json"), *args])
+    svc = start_sidecar_process(ring, workdir=work, args=["--clients", str(work / "clients.json"), *args], env=env)
     services.track(svc.proc)
     return svc, secret
+
+
+def _rows(
+    what: str, health: tuple[list[float], list[float]], seal: tuple[list[float], list[float]], note: str
+) -> list[Row]:
+    """The /healthz and seal p99 rows: (healthy, blackholed) samples each; target <= 1.5x."""
+    rows = []
+    for name, (before, during) in (("/healthz", health), ("seal", seal)):
+        p0, p1 = _p99(before), _p99(during)
+        row = Row(PART, f"{name} p99, {what} blackholed", "ms", p1, None, f"p99 healthy {p0:.1f} ms")
+        row.ratio = p1 / p0 if p0 else None
+        row.note = note
+        rows.append(row.decide(row.ratio, "<= 1.5x"))
+    return rows
+
+
+def _blackholed(base: str, secret: str, seconds: float, proxy: CountingProxy) -> tuple[list[float], ...]:
+    """(/healthz, seal) latencies healthy, then (/healthz, seal) with `proxy` blackholed (restored after)."""
+    _probe(base, secret, 0.5)  # warm
+    health0, seal0 = _probe(base, secret, seconds)
+    proxy.faults.blackhole()
+    try:
+        time.sleep(0.5)
+        health1, seal1 = _probe(base, secret, seconds)
+    finally:
+        proxy.faults.restore()
+    return health0, health1, seal0, seal1
+
+
+def _audit_rows(services: Services, settings: Settings, pg_url: str) -> list[Row]:
+    """The sidecar's PostgreSQL audit store blackholed (not strict): seals queue their events."""
+    proxy = CountingProxy(urlparse(pg_url).port or 5432, http=False)
+    try:
+        config = f'[sidecar]\naudit = "{_through(pg_url, proxy)}"\n'
+        svc, secret = _sidecar(services, services.workdir / "faults-audit-lax", [], config)
+        base: str = svc.url  # type: ignore[attr-defined]
+        health0, health1, seal0, seal1 = _blackholed(base, secret, settings.wrk_seconds, proxy)
+        stop_process(svc.proc)  # type: ignore[attr-defined]
+    finally:
+        proxy.close()
+    return _rows("PostgreSQL audit store", (health0, health1), (seal0, seal1), f"{len(seal1)} seals audited meanwhile")
+
+
+def _keystore_rows(services: Services, settings: Settings) -> list[Row]:
+    """The sidecar's keystore, an OpenBao KV secret, blackholed: the watcher (every 0.2 s) waits, the
+    loaded ring serves."""
+    bao = services.bao
+    url = "vault-kv://secret/bench-faults/keyring"
+    work = services.workdir / "faults-keystore"
+    work.mkdir(parents=True, exist_ok=True)
+    init = [sys.executable, "-c", "from mrtr_keys.cli.main import run; run()", "init", "--keystore", url]
+    init += ["--audience", AUDIENCE]
+    subprocess.run(init, env={**os.environ, **bao.env()}, check=True, capture_output=True, cwd=work)
+    proxy = CountingProxy(bao.port, http=False)
+    try:
+        env = {**bao.env(), "VAULT_ADDR": proxy.url, "BAO_ADDR": proxy.url}
+        svc, secret = _sidecar(services, work, ["--reload-interval", "0.2"], keystore=url, env=env)
+        base: str = svc.url  # type: ignore[attr-defined]
+        health0, health1, seal0, seal1 = _blackholed(base, secret, settings.wrk_seconds, proxy)
+        stop_process(svc.proc)  # type: ignore[attr-defined]
+    finally:
+        proxy.close()
+    return _rows("Vault KV keystore", (health0, health1), (seal0, seal1), "ring watcher every 0.2 s")
 
 
 def _replay_rows(services: Services, settings: Settings, name: str, url: str, port: int) -> list[Row]:
@@ -113,14 +192,7 @@ def _replay_rows(services: Services, settings: Settings, name: str, url: str, po
     finally:
         proxy.close()
     note = f"{len(refused)} unseals, slowest {max(refused, default=0):.2f} s (deadline 1 s)"
-    rows = []
-    for what, before, during in (("/healthz", health0, health1), ("seal", seal0, seal1)):
-        p0, p1 = _p99(before), _p99(during)
-        row = Row(PART, f"{what} p99, {name} replay store blackholed", "ms", p1, None, f"p99 healthy {p0:.1f} ms")
-        row.ratio = p1 / p0 if p0 else None
-        row.note = note
-        rows.append(row.decide(row.ratio, "<= 1.5x"))
-    return rows
+    return _rows(f"{name} replay store", (health0, health1), (seal0, seal1), note)
 
 
 def _readiness_row(services: Services, pg_url: str) -> Row:
@@ -164,5 +236,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
         rows += _replay_rows(services, settings, "Redis", url, urlparse(url).port or 6379)
     with _postgres() as url:
         rows += _replay_rows(services, settings, "PostgreSQL", url, urlparse(url).port or 5432)
+        rows += _audit_rows(services, settings, url)
         rows.append(_readiness_row(services, url))
+    rows += _keystore_rows(services, settings)
     return rows
