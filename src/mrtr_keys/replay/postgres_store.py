@@ -23,8 +23,8 @@ call, from waiting for a pooled connection to the answer, is bounded by `timeout
 A statement runs under `mrtr_keys.deadlines.WATCHDOG`, which shuts the socket down at the deadline
 (libpq has no read or write timeout); a new connection is opened in a helper thread the caller waits
 for at most the time left (psycopg's own ``connect_timeout`` cannot go below 2 s), and one that
-succeeds late joins the pool. ``statement_timeout`` (the same `timeout`) also stops the statement on
-the server.
+succeeds late joins the pool if it has room (a connection handed back to a full pool is closed).
+``statement_timeout`` (the same `timeout`) also stops the statement on the server.
 """
 
 from __future__ import annotations
