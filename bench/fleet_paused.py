@@ -35,16 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.pauses import (
-    freeze,
-    init_ring,
-    retire_once_only_time_is_left,
-    rotate,
-    start_mcp_servers,
-    start_sidecar_instance,
-    thaw,
-    wait_settled,
-)
+from tests.e2e import pauses
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic
 
@@ -93,9 +84,9 @@ def _advance(ring: str, env: dict[str, str], step: str) -> float:
     """Make `step` as soon as the gates allow; its wait in seconds."""
     started = time.monotonic()
     if step == "retire":
-        retire_once_only_time_is_left(ring, env)
+        pauses.retire_once_only_time_is_left(ring, env)
     else:
-        made = rotate(ring, env, "next", "--wait", "60")["step"]
+        made = pauses.rotate(ring, env, "next", "--wait", "60")["step"]
         assert made == step, (made, step)
     return round(time.monotonic() - started, 1)
 
@@ -115,17 +106,17 @@ def _paused_phase(
     ring, env = at
     phase = Phase(step, name)
     before = (traffic.rounds, traffic.rejected, traffic.failed)
-    wait_settled(ring, env)  # it froze on the generation the fleet is at
+    pauses.wait_settled(ring, env)  # it froze on the generation the fleet is at
     traffic.take_out(name)
     proxy.reset()
-    freeze(member.proc)
+    pauses.freeze(member.proc)
     frozen = time.monotonic()
     try:
         for made in _span(step):
             phase.waits[made] = _advance(ring, env, made)
         time.sleep(max(0.0, frozen + pause - time.monotonic()))
     finally:
-        thaw(member.proc)
+        pauses.thaw(member.proc)
     phase.paused = round(time.monotonic() - frozen, 1)
     traffic.put_in(name)
     traffic.wait_rounds(n, involving=name)
@@ -146,7 +137,7 @@ def run_phases(services: Services, settings: Settings) -> tuple[list[Phase], Tra
     env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
     env.update(bao.env(), MRTR_KEYS_STATE_DIR=str(work / "state"), MRTR_KEYS_KEYSTORE=ring)
     env["MRTR_KEYS_AUDIT"] = "sqlite:///" + str(work / "audit.db").lstrip("/")
-    secret = init_ring(ring, env, ttl=TTL)
+    secret = pauses.init_ring(ring, env, ttl=TTL)
     mcp_names = () if quick else ("mcp-1", "mcp-2", "mcp-3")
     proxies = {name: services.proxy(bao.port, classify=kv_request) for name in (*mcp_names, "sc-1", "sc-2", "sc-3")}
     own = {name: {**env, "BAO_ADDR": p.url, "VAULT_ADDR": p.url} for name, p in proxies.items()}
@@ -154,10 +145,11 @@ def run_phases(services: Services, settings: Settings) -> tuple[list[Phase], Tra
     fleet: dict[str, Any] = {}
     traffic: Traffic | None = None
     try:
-        servers = start_mcp_servers(pool, ring, *mcp_names, ttl=TTL, heartbeat=beat, reload=str(check), env_of=own)
+        timing = {"ttl": TTL, "heartbeat": beat, "reload": str(check)}
+        servers = pauses.start_mcp_servers(pool, ring, *mcp_names, **timing, env_of=own)
         fleet.update({s.instance: s for s in servers})
         for name in ("sc-1", "sc-2", "sc-3"):
-            fleet[name] = start_sidecar_instance(ring, own[name], work, name, heartbeat=beat, reload=check)
+            fleet[name] = pauses.start_sidecar_instance(ring, own[name], work, name, heartbeat=beat, reload=check)
         sidecars = {name: fleet[name].url for name in ("sc-1", "sc-2", "sc-3")}
         traffic = Traffic({s.instance: s.url for s in servers}, sidecars, secret)
         for name in fleet:
@@ -180,7 +172,7 @@ def run_phases(services: Services, settings: Settings) -> tuple[list[Phase], Tra
             traffic.stop()
         for member in fleet.values():
             if member.proc.poll() is None:
-                thaw(member.proc)
+                pauses.thaw(member.proc)
             if hasattr(member, "stop"):
                 member.stop()
         pool.close()
