@@ -86,7 +86,9 @@ class _Chain:
         "gap",
         "hasher",
         "head",
+        "nonlink",
         "pending",
+        "pieces",
         "skip_before",
         "start",
         "start_hash",
@@ -99,7 +101,9 @@ class _Chain:
         self.start = start.seq if start else 0
         self.expected = self.start + 1
         self.head = self.start_hash = start.hash if start else GENESIS
-        self.pending: list[tuple[object, ...]] = []
+        self.pending: list[Any] = []  # row tuples (`Walker.feed`) or their repr (`Walker.feed_pieces`)
+        self.pieces = 0  # how many of `pending` are repr strings
+        self.nonlink = 0  # rows of the open batch without a link, when fed runs (`Walker.feed_runs`)
         self.first: Sequence[Any] = ()
         self.hasher: Any = None
         self.brk: list[Any] | None = None  # [kind, position, seq, time, detail]
@@ -122,6 +126,7 @@ class Walker:
     cuts: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     """writer -> (seq, hash, time) of that batch end."""
     _chains: dict[str, _Chain] = field(default_factory=dict)
+    _by_raw: dict[int, _Chain] = field(default_factory=dict)  # a name id -> its chain (`feed_pieces`)
 
     def chain(self, writer: str) -> _Chain:
         c = self._chains.get(writer)
@@ -161,35 +166,91 @@ class Walker:
                     self._spill(c)
         self.report.records += len(rows)
 
+    def feed_runs(self, runs: Iterable[tuple[Any, ...]], view: Any) -> None:
+        """`feed` for `mrtr_keys.audit.stores.narrow.Run` s (a page of raw rows of SQLite schema 4,
+        rendered by `view`, a `narrow.Pieces`): the same walk and findings; a row is decoded
+        (``view.rows``) only where the walk needs its values (a batch's first and last record, a
+        record out of order or of an unknown writer)."""
+        by_raw = self._by_raw
+        for lo, hi, w, s0, s1, n, closes, text in runs:
+            self.report.records += n
+            c = by_raw.get(w) if w is not None else None
+            if c is None and w is not None:
+                name = view.name(w)
+                if w in view.codec.names:
+                    c = by_raw[w] = self.chain(name)
+            if c is not None and c.brk is not None:
+                gap = c.gap
+                if gap is not None and s0 < gap[1] and s1 > gap[0]:  # one of seqs s0..s1-1 is in the gap
+                    c.brk[0], c.brk[4] = "reordered", f"record seq {c.brk[2]} is stored before seq {gap[0]}"
+                    c.gap = None
+                continue
+            if c is None or s0 != c.expected:
+                for row in view.rows(lo, hi):
+                    self._one(row)
+                continue
+            if not c.pending:
+                c.first = view.rows(lo, lo)[0]
+            c.pending.append(text)
+            c.pieces += 1
+            c.expected = s1
+            c.nonlink += n - closes
+            if closes:
+                self._close(c, view.rows(hi, hi)[0])
+            elif c.nonlink >= MAX_PENDING:
+                self._spill(c)
+
+    def _one(self, row: tuple[Any, ...]) -> None:
+        """`feed` one decoded row (counted by `feed_runs`), keeping `_Chain.nonlink`."""
+        self.feed((row,))
+        self.report.records -= 1
+        c = self._chains.get(row[12])
+        if c is not None and c.brk is None and c.pending and c.expected == row[13] + 1 and not row[15]:
+            c.nonlink += 1
+
+    @staticmethod
+    def _text(c: _Chain) -> str:
+        """``repr`` of the open batch's rows (`pending`, tuples and pieces)."""
+        if not c.pieces:
+            return repr(c.pending)
+        if c.pieces == len(c.pending):
+            return "[" + ", ".join(c.pending) + "]"
+        return "[" + ", ".join([p if p.__class__ is str else repr(p) for p in c.pending]) + "]"
+
     def _spill(self, c: _Chain) -> None:
         """Hash the open batch's rows so far incrementally (seeded with the chain's head)."""
-        text = ", ".join(map(repr, c.pending))
+        text = self._text(c)[1:-1]
         if c.hasher is None:
             c.hasher = hashlib.sha256((c.head + "[").encode("utf-8", "surrogatepass"))
         else:
             text = ", " + text
         c.hasher.update(text.encode("utf-8", "surrogatepass"))
         c.pending = []
+        c.pieces = 0
 
     def _close(self, c: _Chain, row: tuple[Any, ...]) -> None:
         """The batch's last record (`row`) carries its link: check content, then the link."""
         prev, link, seq = row[14], row[15], row[13]
         problem = None
-        if c.hasher is not None:  # a long batch, hashed incrementally from the expected head
-            c.hasher.update((", " + repr(c.pending)[1:]).encode("utf-8", "surrogatepass"))
+        if c.hasher is not None or c.nonlink >= MAX_PENDING:  # a long batch: hashed from the expected head
+            if c.hasher is None:  # fed as runs, not spilled yet: as if it had been
+                c.hasher = hashlib.sha256((c.head + self._text(c)).encode("utf-8", "surrogatepass"))
+            else:
+                c.hasher.update((", " + self._text(c)[1:]).encode("utf-8", "surrogatepass"))
             if prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
             elif c.hasher.hexdigest() != link:
                 problem = "altered", f"records seq {c.first[13]}..{seq}: their fields do not match their batch's hash"
             c.hasher = None
         else:
-            digest = hashlib.sha256((prev + repr(c.pending)).encode("utf-8", "surrogatepass")).hexdigest()
+            digest = hashlib.sha256((prev + self._text(c)).encode("utf-8", "surrogatepass")).hexdigest()
             if digest != link and not (len(c.pending) == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
                 span = f"seq {c.first[13]}..{seq}" if len(c.pending) > 1 else f"seq {seq}"
                 problem = "altered", f"records {span}: their fields do not match their batch's hash"
             elif prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
         c.pending = []
+        c.pieces = c.nonlink = 0
         if problem is not None:
             first = c.first
             c.brk = [problem[0], first[0], first[13], first[1], problem[1]]
@@ -357,7 +418,15 @@ def verify_store(
     pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
     for _, head in pairs:
         walker.expect_head(str(head["writer"]), int(head["seq"]))
-    for rows in store.row_batches(after, page):
+    fast = store.run_pages(after, page) if hasattr(store, "run_pages") else None
+    if fast is not None:  # SQLite schema 4: raw rows and their hash text (the same walk, less work)
+        view, pages = fast
+        for runs in pages:
+            walker.feed_runs(runs, view)
+            del runs
+            if progress is not None:
+                progress(walker.report.records, time.monotonic() - started)
+    for rows in store.row_batches(after, page) if fast is None else ():
         walker.feed(rows)
         del rows  # not alive while the next page is fetched: one page at a time
         if progress is not None:
