@@ -26,11 +26,13 @@ Where a chain starts:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mrtr_keys.audit import verify_parallel
 from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, checkpoint_break, hash_values
 from mrtr_keys.errors import ConfigError
 
@@ -89,6 +91,7 @@ class _Chain:
         "nonlink",
         "pending",
         "pieces",
+        "runs",
         "skip_before",
         "start",
         "start_hash",
@@ -104,6 +107,7 @@ class _Chain:
         self.pending: list[Any] = []  # row tuples (`Walker.feed`) or their repr (`Walker.feed_pieces`)
         self.pieces = 0  # how many of `pending` are repr strings
         self.nonlink = 0  # rows of the open batch without a link, when fed runs (`Walker.feed_runs`)
+        self.runs: list[tuple[int, int, int]] = []  # (first position, last position, first seq) of its runs
         self.first: Sequence[Any] = ()
         self.hasher: Any = None
         self.brk: list[Any] | None = None  # [kind, position, seq, time, detail]
@@ -126,7 +130,8 @@ class Walker:
     cuts: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     """writer -> (seq, hash, time) of that batch end."""
     _chains: dict[str, _Chain] = field(default_factory=dict)
-    _by_raw: dict[int, _Chain] = field(default_factory=dict)  # a name id -> its chain (`feed_pieces`)
+    _by_raw: dict[int, _Chain] = field(default_factory=dict)  # a name id -> its chain (`feed_runs`)
+    _view: Any = None
 
     def chain(self, writer: str) -> _Chain:
         c = self._chains.get(writer)
@@ -172,6 +177,7 @@ class Walker:
         (``view.rows``) only where the walk needs its values (a batch's first and last record, a
         record out of order or of an unknown writer)."""
         by_raw = self._by_raw
+        self._view = view
         for lo, hi, w, s0, s1, n, closes, text in runs:
             self.report.records += n
             c = by_raw.get(w) if w is not None else None
@@ -189,8 +195,7 @@ class Walker:
                 for row in view.rows(lo, hi):
                     self._one(row)
                 continue
-            if not c.pending:
-                c.first = view.rows(lo, lo)[0]
+            c.runs.append((lo, hi, s0))
             c.pending.append(text)
             c.pieces += 1
             c.expected = s1
@@ -199,6 +204,17 @@ class Walker:
                 self._close(c, view.rows(hi, hi)[0])
             elif c.nonlink >= MAX_PENDING:
                 self._spill(c)
+
+    def _first(self, c: _Chain, n: int) -> Sequence[Any]:
+        """The open batch's record the row walk holds as its first (`n` rows so far): its first, or
+        after a spill (`MAX_PENDING`) the first after the last spill."""
+        if not c.runs or c.runs[0][2] != c.expected - n:  # fed as rows (or both): as it recorded
+            return c.first
+        want = c.runs[0][2] + MAX_PENDING * ((n - 1) // MAX_PENDING)
+        for lo, hi, s0 in reversed(c.runs):
+            if s0 <= want:
+                return next(r for r in self._view.rows(lo, hi) if r[13] == want)
+        return c.first
 
     def _one(self, row: tuple[Any, ...]) -> None:
         """`feed` one decoded row (counted by `feed_runs`), keeping `_Chain.nonlink`."""
@@ -231,6 +247,7 @@ class Walker:
     def _close(self, c: _Chain, row: tuple[Any, ...]) -> None:
         """The batch's last record (`row`) carries its link: check content, then the link."""
         prev, link, seq = row[14], row[15], row[13]
+        n = c.nonlink + 1 if c.runs else len(c.pending)  # rows in the batch (unless spilled)
         problem = None
         if c.hasher is not None or c.nonlink >= MAX_PENDING:  # a long batch: hashed from the expected head
             if c.hasher is None:  # fed as runs, not spilled yet: as if it had been
@@ -240,19 +257,19 @@ class Walker:
             if prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
             elif c.hasher.hexdigest() != link:
-                problem = "altered", f"records seq {c.first[13]}..{seq}: their fields do not match their batch's hash"
+                problem = "altered", f"records seq {self._first(c, n)[13]}..{seq}: their fields do not match their batch's hash"
             c.hasher = None
         else:
             digest = hashlib.sha256((prev + self._text(c)).encode("utf-8", "surrogatepass")).hexdigest()
-            if digest != link and not (len(c.pending) == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
-                span = f"seq {c.first[13]}..{seq}" if len(c.pending) > 1 else f"seq {seq}"
+            if digest != link and not (n == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
+                span = f"seq {self._first(c, n)[13]}..{seq}" if n > 1 else f"seq {seq}"
                 problem = "altered", f"records {span}: their fields do not match their batch's hash"
             elif prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
-        c.pending = []
+        first = self._first(c, n) if problem is not None else None
+        c.pending, c.runs = [], []
         c.pieces = c.nonlink = 0
-        if problem is not None:
-            first = c.first
+        if first is not None:
             c.brk = [problem[0], first[0], first[13], first[1], problem[1]]
             return
         c.head = link
@@ -304,7 +321,7 @@ class Walker:
             if c.brk is not None:
                 report.breaks.append(Break(c.brk[0], c.writer, c.brk[1], c.brk[2], c.brk[3], c.brk[4]))
             elif c.pending or c.hasher is not None:
-                first, end = c.first, c.expected - 1
+                first, end = self._first(c, c.nonlink) if c.runs else c.first, c.expected - 1
                 detail = (
                     f"records seq {first[13]}..{end} end without their batch's hash: its last records "
                     "were deleted, or these were added"
@@ -370,11 +387,15 @@ def verify_store(
     since: str | None = None,
     progress: Progress | None = None,
     page: int = PAGE,
+    runs: bool = True,
+    split_min_rows: int = verify_parallel.MIN_ROWS,
 ) -> StreamReport:
     """Walk every chain of `store` (an `AuditStore`) in bounded pages and check the checkpoints
     `docs` (this store's documents, file order). `since`: an event time string or ``last``: start
     from that checkpoint (`pick_since`) instead of genesis. Prune checkpoints always set the start
-    of the chains they cut.
+    of the chains they cut. `runs` False: the row walk even where runs apply (SQLite schema 4;
+    the reference the run walk is tested against); `split_min_rows`: positions from which the
+    rendering is split across processes (`verify_parallel`).
 
     Raises:
         ConfigError: `since` names no checkpoint; AuditError: the store cannot be read.
@@ -418,9 +439,12 @@ def verify_store(
     pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
     for _, head in pairs:
         walker.expect_head(str(head["writer"]), int(head["seq"]))
-    fast = store.run_pages(after, page) if hasattr(store, "run_pages") else None
+    fast = store.run_pages(after, page) if runs and hasattr(store, "run_pages") else None
     if fast is not None:  # SQLite schema 4: raw rows and their hash text (the same walk, less work)
         view, pages = fast
+        split = verify_parallel.run_pages(store, after, page, min_rows=split_min_rows)
+        if split is not None:  # a large log: rendered by two processes, then what came meanwhile
+            pages = itertools.chain(split[1], store.run_pages(split[0], page)[1])
         for runs in pages:
             walker.feed_runs(runs, view)
             del runs

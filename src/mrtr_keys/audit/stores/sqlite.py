@@ -155,13 +155,10 @@ class SQLiteStore(SQLStore):
         sql = _SELECT + " WHERE id >= ? AND id <= ? ORDER BY id"
         return narrow.Pieces(self._codec, self._names, lambda lo, hi: self._decode(self._fetch(sql, [lo, hi])))
 
-    def raw_rows(self, lo: int, hi: int) -> list[Any]:
-        """Raw (narrow) rows with ``lo < id <= hi``, in storage order."""
-        return self._fetch(_SELECT + " WHERE id > ? AND id <= ? ORDER BY id", [lo, hi])
-
-    def last_position(self) -> int:
-        """The highest storage position (0: empty)."""
-        return int(self._fetch("SELECT MAX(id) FROM audit_events", [])[0][0] or 0)
+    def position_span(self, after: int) -> tuple[int, int]:
+        """(lowest position after `after`, minus 1; highest position), or (after, after) if none."""
+        low, high = self._fetch("SELECT MIN(id), MAX(id) FROM audit_events WHERE id > ?", [after])[0]
+        return (after, after) if low is None else (int(low) - 1, int(high))
 
     def _decode(self, rows: list[Any]) -> list[Any]:
         return self._codec.decode_rows(rows, self._names) if self._narrow() else rows
