@@ -267,35 +267,32 @@ class Pieces:
         texts: list[str] = []
         lo = hi = w0 = s0 = nxt = None
         for row in rows:
-            t, inst, fp, w, seq, prev, link = row[1], row[2], row[9], row[12], row[13], row[14], row[15]
+            pos, t, inst, client, aud, kid, op, outcome, reason, fp, gen, dur, w, seq, prev, link = row
             piece = None
             if (
                 t.__class__ is int
-                and 0 <= t < _LAST_TIME
                 and fp.__class__ is bytes
-                and inst.__class__ is int
-                and w.__class__ is int
+                and 0 <= t < _LAST_TIME
                 and (link or (prev == "" and link == ""))
             ):
-                ir, wr, mid = names.get(inst), names.get(w), mids.get(row[3:9])
-                if ir is not None and wr is not None and mid is not None:
+                ir, wr, mid = names.get(inst), names.get(w), mids.get((client, aud, kid, op, outcome, reason))
+                if ir is not None and wr is not None and mid is not None and (inst.__class__ is w.__class__ is int):
                     sec = t // 1_000_000
                     hour = sec // 3_600
                     piece = (
                         f"('{hours.get(hour) or hour_text(hour)}{mm_ss[sec - hour * 3_600]}."
-                        f"{t - sec * 1_000_000:06d}Z', {ir}, {mid}, '{fp.hex()}', "
-                        f"{row[10]!r}, {row[11]!r}, {wr}, {seq!r}, '', '')"
+                        f"{t - sec * 1_000_000:06d}Z', {ir}, {mid}, '{fp.hex()}', {gen!r}, {dur!r}, {wr}, {seq!r}, '', '')"
                     )
             if piece is None:
                 piece = self._slow(row)
             if texts and w == w0 and seq == nxt and w.__class__ is int and seq.__class__ is int:
                 texts.append(piece)
-                hi, nxt = row[0], seq + 1
+                hi, nxt = pos, seq + 1
             else:
                 if texts:
                     out.append((lo, hi, w0, s0, nxt, len(texts), False, ", ".join(texts)))
                 texts = [piece]
-                lo = hi = row[0]
+                lo = hi = pos
                 if w.__class__ is int and seq.__class__ is int:
                     w0, s0, nxt = w, seq, seq + 1
                 else:
