@@ -41,7 +41,9 @@ EDITS = {
         "UPDATE audit_events SET writer = (SELECT name FROM audit_names WHERE id = writer) WHERE id = 333",
     ),
     "instance unknown id": ("UPDATE audit_events SET instance = 999 WHERE id = 333",),
-    "name renamed": ("UPDATE audit_names SET name = name || 'x' WHERE id = (SELECT instance FROM audit_events WHERE id = 1)",),
+    "name renamed": (
+        "UPDATE audit_names SET name = name || 'x' WHERE id = (SELECT instance FROM audit_events WHERE id = 1)",
+    ),
     "seq real": ("UPDATE audit_events SET seq = seq + 0.0 WHERE id = 333",),
     "prev_hash on a middle row": ("UPDATE audit_events SET prev_hash = 'x' WHERE id = 333",),
     "hash on a middle row": ("UPDATE audit_events SET hash = 'x' WHERE id = 333",),
@@ -114,7 +116,9 @@ def test_the_run_walk_reports_what_the_row_walk_reports(case: str, bases: dict[s
     reference, runs, split = _walks(_edited(bases, "short", EDITS[case], tmp_path))
     assert runs == reference
     assert split == reference
-    assert reference["ok"] is (case in ("genuine", "writer as its name", "fingerprint text", "seq real"))  # same values read back
+    assert reference["ok"] is (
+        case in ("genuine", "writer as its name", "fingerprint text", "seq real")
+    )  # same values read back
 
 
 @pytest.mark.parametrize("case", list(LONG_EDITS))

@@ -57,6 +57,8 @@ def _refuse(value: object) -> object:
 # Arguments as `json.encoder.JSONEncoder.iterencode` passes them: no circular check, compact
 # separators, ASCII output, NaN refused.
 _row_json = c_make_encoder(None, _refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+
 def _lines(rows: Sequence[tuple[Any, ...]]) -> str:
     """One JSON array a row (its values after the position), a line each: the page encoded by one
     call of the C encoder and split at the row boundaries (``],[``), unless a value holds that

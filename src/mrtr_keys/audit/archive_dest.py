@@ -100,7 +100,7 @@ class DirDestination:
         one directory: one directory fsync instead of one a segment, a fixed cost of the run)."""
         current = ""
         try:
-            for current, path in files:
+            for current, path in files:  # noqa: B007 - named in the error
                 with path.open("rb+") as f:
                     os.fsync(f.fileno())
             parents: dict[Path, None] = {}

@@ -27,15 +27,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from mrtr_keys.audit.stores import narrow
+from mrtr_keys.audit.stores.base import SQL_COLUMNS
 from mrtr_keys.errors import AuditError
 
 WORKERS = 2
 MIN_ROWS = 150_000
 """Storage positions below which one process walks alone (forking costs about 20 ms a child)."""
-_SELECT = "SELECT id, " + ", ".join(
-    ("time", "instance", "client", "audience", "kid", "op", "outcome", "reason", "fingerprint")
-    + ("generation", "duration_ms", "writer", "seq", "prev_hash", "hash")
-) + " FROM audit_events WHERE id > ? AND id <= ? ORDER BY id"  # fmt: skip
+_SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events WHERE id > ? AND id <= ? ORDER BY id"  # noqa: S608
 
 
 def run_pages(
@@ -104,7 +102,7 @@ def _child(path: str, ranges: list[tuple[int, int]], out: Any) -> None:
             rows = conn.execute(_SELECT, (lo, hi)).fetchall()
             out.send(("runs", view.runs(rows)))
             del rows
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises AuditError
+    except Exception as exc:
         try:
             out.send(("error", str(exc)))
         except OSError:

@@ -34,12 +34,11 @@ from typing import Any
 
 from mrtr_keys.audit import verify_parallel
 from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, checkpoint_break, hash_values
+from mrtr_keys.audit.verify_runs import MAX_PENDING, RunWalk
 from mrtr_keys.errors import ConfigError
 
 PAGE = 20_000
 """Rows read per page (keyset on the storage position)."""
-MAX_PENDING = 8_192
-"""Rows of one chain's open batch kept as objects; past this they are fed to an incremental hash."""
 PRUNE = "prune"
 """``kind`` of a checkpoint document written by ``audit prune``."""
 
@@ -117,7 +116,7 @@ class _Chain:
 
 
 @dataclass
-class Walker:
+class Walker(RunWalk):
     """Feed pages of raw rows (position, then `SQL_COLUMNS`) in storage order; `finish` reports."""
 
     starts: dict[str, Start] = field(default_factory=dict)
@@ -171,59 +170,6 @@ class Walker:
                     self._spill(c)
         self.report.records += len(rows)
 
-    def feed_runs(self, runs: Iterable[tuple[Any, ...]], view: Any) -> None:
-        """`feed` for `mrtr_keys.audit.stores.narrow.Run` s (a page of raw rows of SQLite schema 4,
-        rendered by `view`, a `narrow.Pieces`): the same walk and findings; a row is decoded
-        (``view.rows``) only where the walk needs its values (a batch's first and last record, a
-        record out of order or of an unknown writer)."""
-        by_raw = self._by_raw
-        self._view = view
-        for lo, hi, w, s0, s1, n, closes, text in runs:
-            self.report.records += n
-            c = by_raw.get(w) if w is not None else None
-            if c is None and w is not None:
-                name = view.name(w)
-                if w in view.codec.names:
-                    c = by_raw[w] = self.chain(name)
-            if c is not None and c.brk is not None:
-                gap = c.gap
-                if gap is not None and s0 < gap[1] and s1 > gap[0]:  # one of seqs s0..s1-1 is in the gap
-                    c.brk[0], c.brk[4] = "reordered", f"record seq {c.brk[2]} is stored before seq {gap[0]}"
-                    c.gap = None
-                continue
-            if c is None or s0 != c.expected:
-                for row in view.rows(lo, hi):
-                    self._one(row)
-                continue
-            c.runs.append((lo, hi, s0))
-            c.pending.append(text)
-            c.pieces += 1
-            c.expected = s1
-            c.nonlink += n - closes
-            if closes:
-                self._close(c, view.rows(hi, hi)[0])
-            elif c.nonlink >= MAX_PENDING:
-                self._spill(c)
-
-    def _first(self, c: _Chain, n: int) -> Sequence[Any]:
-        """The open batch's record the row walk holds as its first (`n` rows so far): its first, or
-        after a spill (`MAX_PENDING`) the first after the last spill."""
-        if not c.runs or c.runs[0][2] != c.expected - n:  # fed as rows (or both): as it recorded
-            return c.first
-        want = c.runs[0][2] + MAX_PENDING * ((n - 1) // MAX_PENDING)
-        for lo, hi, s0 in reversed(c.runs):
-            if s0 <= want:
-                return next(r for r in self._view.rows(lo, hi) if r[13] == want)
-        return c.first
-
-    def _one(self, row: tuple[Any, ...]) -> None:
-        """`feed` one decoded row (counted by `feed_runs`), keeping `_Chain.nonlink`."""
-        self.feed((row,))
-        self.report.records -= 1
-        c = self._chains.get(row[12])
-        if c is not None and c.brk is None and c.pending and c.expected == row[13] + 1 and not row[15]:
-            c.nonlink += 1
-
     @staticmethod
     def _text(c: _Chain) -> str:
         """``repr`` of the open batch's rows (`pending`, tuples and pieces)."""
@@ -257,7 +203,10 @@ class Walker:
             if prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
             elif c.hasher.hexdigest() != link:
-                problem = "altered", f"records seq {self._first(c, n)[13]}..{seq}: their fields do not match their batch's hash"
+                problem = (
+                    "altered",
+                    f"records seq {self._first(c, n)[13]}..{seq}: their fields do not match their batch's hash",
+                )
             c.hasher = None
         else:
             digest = hashlib.sha256((prev + self._text(c)).encode("utf-8", "surrogatepass")).hexdigest()
@@ -269,7 +218,7 @@ class Walker:
         first = self._first(c, n) if problem is not None else None
         c.pending, c.runs = [], []
         c.pieces = c.nonlink = 0
-        if first is not None:
+        if problem is not None and first is not None:
             c.brk = [problem[0], first[0], first[13], first[1], problem[1]]
             return
         c.head = link
@@ -445,9 +394,9 @@ def verify_store(
         split = verify_parallel.run_pages(store, after, page, min_rows=split_min_rows)
         if split is not None:  # a large log: rendered by two processes, then what came meanwhile
             pages = itertools.chain(split[1], store.run_pages(split[0], page)[1])
-        for runs in pages:
-            walker.feed_runs(runs, view)
-            del runs
+        for page_runs in pages:
+            walker.feed_runs(page_runs, view)
+            del page_runs
             if progress is not None:
                 progress(walker.report.records, time.monotonic() - started)
     for rows in store.row_batches(after, page) if fast is None else ():

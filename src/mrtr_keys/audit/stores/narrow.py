@@ -251,7 +251,7 @@ class Pieces:
             if len(self._mids) > 4_096:
                 self._mids.clear()
             self._mids[mid] = ", ".join(map(repr, mid))
-        return repr(d[1:14] + ("", "") if d[15] else d[1:])
+        return repr((*d[1:14], "", "") if d[15] else d[1:])
 
     def runs(self, rows: Sequence[Sequence[Any]]) -> list[Run]:
         """The page `rows` (raw rows, position, then narrow `SQL_COLUMNS`, in storage order) as
@@ -281,7 +281,8 @@ class Pieces:
                     hour = sec // 3_600
                     piece = (
                         f"('{hours.get(hour) or hour_text(hour)}{mm_ss[sec - hour * 3_600]}."
-                        f"{t - sec * 1_000_000:06d}Z', {ir}, {mid}, '{fp.hex()}', {gen!r}, {dur!r}, {wr}, {seq!r}, '', '')"
+                        f"{t - sec * 1_000_000:06d}Z', {ir}, {mid}, '{fp.hex()}', "
+                        f"{gen!r}, {dur!r}, {wr}, {seq!r}, '', '')"
                     )
             if piece is None:
                 piece = self._slow(row)
