@@ -388,6 +388,29 @@ def verify_store(
     pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
     for _, head in pairs:
         walker.expect_head(str(head["writer"]), int(head["seq"]))
+    walk_pages(walker, store, after, page, progress, started, runs=runs, split_min_rows=split_min_rows)
+    report = walker.finish(pairs)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def walk_pages(
+    walker: Walker,
+    store: Any,
+    after: int,
+    page: int,
+    progress: Progress | None,
+    started: float,
+    *,
+    runs: bool = True,
+    split_min_rows: int = verify_parallel.MIN_ROWS,
+) -> None:
+    """Feed `walker` every record of `store` after position `after`, `page` at a time: as runs on
+    SQLite schema 4 (split across processes from `split_min_rows` positions), else as rows.
+
+    Raises:
+        AuditError: the store cannot be read.
+    """
     fast = store.run_pages(after, page) if runs and hasattr(store, "run_pages") else None
     if fast is not None:  # SQLite schema 4: raw rows and their hash text (the same walk, less work)
         view, pages = fast
@@ -399,11 +422,9 @@ def verify_store(
             del page_runs
             if progress is not None:
                 progress(walker.report.records, time.monotonic() - started)
-    for rows in store.row_batches(after, page) if fast is None else ():
+        return
+    for rows in store.row_batches(after, page):
         walker.feed(rows)
         del rows  # not alive while the next page is fetched: one page at a time
         if progress is not None:
             progress(walker.report.records, time.monotonic() - started)
-    report = walker.finish(pairs)
-    report.seconds = time.monotonic() - started
-    return report
