@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -88,7 +89,9 @@ def _pages(path: str, ranges: list[tuple[int, int]], workers: int) -> Iterator[l
 
 
 def _child(path: str, ranges: list[tuple[int, int]], out: Any) -> None:
-    """Render `ranges` of the store at `path` and send each as ("runs", runs) (or ("error", text))."""
+    """Render `ranges` of the store at `path` and send each as ("runs", runs) (or ("error", text)).
+    Ctrl-C is the parent's to handle (it stops the children): ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         conn = sqlite3.connect(path, timeout=10)
 
