@@ -441,7 +441,8 @@ def call(path: str, args: list[str]) -> int:
 
 def shim_dir() -> Path | None:
     """A directory holding a `mrtr-keys` that runs on this worker's zygote (``serve`` runs as a real
-    process: its pid and signals matter), for tests that run shell commands; None without a zygote."""
+    process: its pid and signals matter; so do ``--show-completion`` / ``--install-completion``, which look
+    for the shell among the process's parents), for tests that run shell commands; None without a zygote."""
     zygote = Zygote.get()
     if zygote is None:
         return None
@@ -456,7 +457,8 @@ def shim_dir() -> Path | None:
             "import os, sys\n"
             f"path = os.environ.get({SOCKET_VAR!r})\n"
             "args = sys.argv[1:]\n"
-            "if not path or 'serve' in args or not os.path.exists(path):\n"
+            "real = 'serve' in args or any(a.endswith('-completion') for a in args)  # pid, signals, parent shell\n"
+            "if not path or real or not os.path.exists(path):\n"
             f"    os.execv({str(real)!r}, [{str(real)!r}, *args])\n"
             f"sys.path.insert(0, {str(repo)!r})\n"
             "from tests.support.zygote import call\n"
