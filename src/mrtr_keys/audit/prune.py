@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from mrtr_keys.audit.chain import append_checkpoint
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.store_match import stamp
 from mrtr_keys.audit.stores.hours import ODD, hour_of
 from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Walker, prune_starts
 from mrtr_keys.errors import AuditError, ConfigError
@@ -89,7 +90,8 @@ def prune(
 ) -> PruneResult:
     """Delete the records of `store` older than `before` (an event time string) chain by chain at
     batch boundaries, after appending the cut to `checkpoint_path` (see the module docstring).
-    `docs`: the checkpoint documents already written for this store (earlier prunes set where
+    `docs`: the checkpoint documents already written for this store (`mrtr_keys.audit.store_match`;
+    earlier prunes set where
     each chain's walk starts). `archive` (``audit archive``, `mrtr_keys.audit.archive`) is shown
     every verified page and, before the checkpoint is written, asked to seal what it kept: what it
     returns goes in the checkpoint as ``"archive"``; if it raises, nothing is written or deleted.
@@ -142,6 +144,7 @@ def prune(
             "heads": [],
             "cuts": result.cuts,
         }
+        stamp(doc, store)  # the store id: `verify` finds this cut however the store is named
         if archive is not None:
             doc["archive"] = archive.seal(result.cuts)
         append_checkpoint(checkpoint_path, doc)

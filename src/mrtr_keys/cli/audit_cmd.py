@@ -298,12 +298,13 @@ def checkpoint(
     what was added since the last checkpoint in the file (--full: everything)."""
     from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
     from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
+    from mrtr_keys.audit.store_match import checkpoints_of
     from mrtr_keys.cli.output import print_json, print_line, print_table
 
     store = _open(audit, keystore_)
     path = checkpoints_option("checkpoint", checkpoints, old_to) or _default_checkpoints(keystore_)
     try:
-        docs = [d for d in read_checkpoints(path) if d.get("store") == store.url]
+        docs = checkpoints_of(read_checkpoints(path), store).docs
         doc = make_checkpoint_since(store, docs, now=time.time(), full=full)
     finally:
         store.close()
