@@ -84,7 +84,7 @@ def verify(
     from mrtr_keys.audit.events import parse_when
     from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, replaced_message
     from mrtr_keys.audit.verify_stream import StreamReport, verify_store
-    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.cli.output import error, print_json, print_line
 
     if from_archive is not None and since is not None:
         raise ConfigError(
@@ -104,7 +104,7 @@ def verify(
     docs = matched.docs
     note = by_url_note(matched, store)
     if note is not None:
-        sys.stderr.write(f"mrtr-keys: {note}\n")
+        error(note)
     start = None if since is None else "last" if since.strip() == "last" else parse_when(since)
     progress = _Progress()
     report: StreamReport

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 from typing import Any
@@ -11,6 +12,7 @@ from mrtr_keys.errors import AuditError, ConfigError
 
 STORE_META = "CREATE TABLE IF NOT EXISTS store_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
 """Facts about the store itself (``store_id``): not versioned, created on any open that lacks it."""
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class SchemaSteps:
@@ -81,7 +83,10 @@ class SchemaSteps:
             ("store_id", secrets.token_hex(16)),
         )
         cur.execute("SELECT value FROM store_meta WHERE name = 'store_id'")
-        return str(cur.fetchone()[0])
+        value = str(cur.fetchone()[0])
+        if not _ID.fullmatch(value):  # it reaches messages and checkpoint files: never arbitrary text
+            raise AuditError(f"the audit store {self.url} has a malformed store id in store_meta")
+        return value
 
     @staticmethod
     def _current_version(cur: Any) -> int:
