@@ -7,7 +7,8 @@
    stays always starts with a batch that links to the cut.
 2. **Record the cut.** A checkpoint document ``{"kind": "prune", "before": T, "cuts": [{writer,
    seq, hash, time}, ...]}`` is appended (and fsynced) to the checkpoint file before anything is
-   deleted: ``verify`` then starts each chain after its cut, so a later deletion that is not a
+   deleted (with the store id, and as ``carried`` the cuts of earlier prunes recorded without one, of
+   chains not cut now): ``verify`` then starts each chain after its cut, so a later deletion that is not a
    prune is still a gap, and an edit, insertion or reordering of the kept records still breaks
    their links.
 3. **Drop whole partitions.** On PostgreSQL (schema 4, partitioned by day) a day partition that ends
@@ -145,6 +146,9 @@ def prune(
             "cuts": result.cuts,
         }
         stamp(doc, store)  # the store id: `verify` finds this cut however the store is named
+        carried = _carried(docs, store, walker.cuts)
+        if carried:
+            doc["carried"] = carried
         if archive is not None:
             doc["archive"] = archive.seal(result.cuts)
         append_checkpoint(checkpoint_path, doc)
@@ -157,6 +161,21 @@ def prune(
         recount(before, seen["newest"], seen["odd"])
     result.seconds = time.monotonic() - started
     return result
+
+
+def _carried(docs: Sequence[dict[str, Any]], store: Any, cut_now: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cuts of earlier prunes recorded without a store id (before store ids; matched by URL) of
+    chains this prune does not cut, recorded again under the store id so that `verify` still starts
+    those chains there when the store is named another way (`mrtr_keys.audit.store_match`)."""
+    if not getattr(store, "store_id", None):
+        return []
+    old, _ = prune_starts([d for d in docs if not d.get("store_id")])
+    new, _ = prune_starts([d for d in docs if d.get("store_id")])
+    return [
+        {"writer": w, "seq": s.seq, "hash": s.hash, "time": s.time}
+        for w, s in old.items()
+        if w not in cut_now and (w not in new or new[w].seq < s.seq)
+    ]
 
 
 def _drop_partitions(store: Any, before: str, limits: dict[str, int]) -> int:
