@@ -34,9 +34,17 @@ lint: $(STAMP)
 # rebalances when a worker runs dry; tests/conftest.py starts the longest tests first). The CLI, sidecars and
 # example servers the tests start are forked from one pre-imported interpreter per worker
 # (tests/support/zygote.py): the same code in its own process, without paying the imports each time.
+# Lint runs beside the tests (mypy is single-threaded: run first, it left a core idle for its whole run); its
+# output follows the tests' and either failing fails `make test`. The layer check runs once, in lint.
 WORKERS ?= 6
-test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist worksteal
+LINT_LOG := $(VENV)/lint.log
+test: $(STAMP)
+	@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist worksteal \
+		--ignore tests/test_architecture.py; tests=$$?; \
+	wait $$lint; linted=$$?; cat $(LINT_LOG); \
+	if [ $$linted -ne 0 ]; then echo "make test: lint failed (above)" >&2; fi; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 # the TypeScript client (clients/typescript, docs/typescript.md): npm ci from the lockfile, type check, node tests
 # against a real `mrtr-keys serve`; without node on PATH, one line and success (CI has node and runs it).

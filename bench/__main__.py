@@ -1,7 +1,8 @@
 """``python -m bench [part ...]``: run the benchmark parts and print one table with PASS/MISS.
 
 Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, audit_scale,
-single_use, faults, cli_time, memory, fleet, typescript (one line and an n/a row without node). Services
+single_use, faults, cli_time, memory, fleet, typescript (one line and an n/a row without node); fleet_paused, the
+paused-instance rows of fleet, can also run alone. Services
 (OpenBao dev server, moto server, the sidecar) are started on free loopback ports and stopped at the end.
 Results are printed as a Markdown table and written to bench/results/<timestamp>.json and
 bench/results/latest.json.
@@ -41,6 +42,8 @@ PARTS = (
     "fleet",
     "typescript",
 )
+ALONE = ("fleet_paused",)
+"""Parts that run by name only (each is also inside a part of `PARTS`)."""
 
 
 def run_parts(parts: list[str], settings: Settings) -> list[Row]:
@@ -62,7 +65,7 @@ def run_parts(parts: list[str], settings: Settings) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", choices=[*PARTS, []], help="parts to run (default: all)")
+    parser.add_argument("parts", nargs="*", choices=[*PARTS, *ALONE, []], help="parts to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny counts (smoke run; numbers are noise)")
     parser.add_argument("--ops", type=int, help="operations for the memory part (default 1,000,000)")
     parser.add_argument("--repeats", type=int, help="interleaved rounds per in-process measurement")

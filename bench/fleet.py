@@ -9,6 +9,9 @@ new generation, from the presence rows (each instance writes one at once when it
 Reported: p50 and p99 of that time (target: p99 <= 3 s with defaults) and, from each instance's
 watcher, cheap checks and full keystore reads per instance per minute.
 
+Then the paused instances (`bench.fleet_paused`): rejected rounds with one instance paused 20 s across each
+phase (target 0), with the waits of each step and the paused instance's keystore requests.
+
 Anchors for the note (vendors' defaults; none confirms that an instance has loaded the change): Vault
 Agent re-renders templates of static secrets about every 5 minutes, the AWS Secrets Manager caching
 client refreshes hourly, a mounted Kubernetes Secret follows the kubelet's sync period (about a minute).
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import fleet_paused
 from bench.common import Settings
 from bench.report import Row, spread_of
 from bench.services import REPO, Services
@@ -127,7 +131,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     per_change = [c["reads"] / changes for c in counters]  # includes the one read of the first check
     minutes = statistics.median(c["seconds"] for c in counters) / 60 if counters else 0
     name = f"keystore write -> last of {INSTANCES} instances' heartbeat at the new generation"
-    return [
+    rows = [
         Row(
             PART,
             f"{name}, p50",
@@ -163,3 +167,4 @@ def run(services: Services, settings: Settings) -> list[Row]:
             note="one stat() of the ring file every 2 s +-20 %",
         ),
     ]
+    return rows + fleet_paused.run(services, settings)

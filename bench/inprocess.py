@@ -19,7 +19,7 @@ from typing import Any
 from bench.common import Settings, envelope_payload
 from bench.report import Row, spread_of
 from bench.services import AUDIENCE, CountingProxy, Services, module_available
-from bench.timing import Loop, interleaved, median, paired_ratio
+from bench.timing import Loop, interleaved, median, pair, paired_ratio
 
 PART = "inprocess"
 OPS = ("seal", "unseal", "seal+unseal")
@@ -125,6 +125,41 @@ def _unseal_today(self: Any, token: str) -> bytes:
     return self._unseal(token)  # type: ignore[no-any-return]
 
 
+LEASE_ROUNDS = 400
+"""Rounds of the lease pair (`bench.timing.pair`, 500 seal+unseal a sample; ``--quick``: 40 of 50): its
+per-round ratios spread by several per cent on a shared host, around a true difference of 2 to 4 %."""
+
+
+def lease_pair(workdir: Path, payload: bytes, *, quick: bool) -> dict[str, list[float]]:
+    """The self-fencing lease check (mrtr_keys.codecs.fence), timed as a pair of its own: a local codec as
+    opened vs another opened the same way whose seal/unseal are what they were before the lease (one method
+    call to the installed core). Name -> per-round µs of one seal+unseal."""
+    fenced = open_codec_for_bench(workdir, "a")
+    today = open_codec_for_bench(workdir, "b")
+    today.__class__ = type("WithoutLease", (type(today),), {"seal": _seal_today, "unseal": _unseal_today})
+    with_lease, without = pair(
+        codec_loops(fenced, payload)["seal+unseal"],
+        codec_loops(today, payload)["seal+unseal"],
+        rounds=LEASE_ROUNDS // 10 if quick else LEASE_ROUNDS,
+        inner=50 if quick else 500,
+    )
+    return {FENCED: with_lease, NOFENCE: without}
+
+
+def lease_row(r: dict[str, list[float]]) -> Row:
+    """The ``fenced`` row from `lease_pair`: paired ratio against the codec without the check, with the spread
+    of the per-round ratios and the added time in ns."""
+    ratios = [a / b for a, b in zip(r[FENCED], r[NOFENCE], strict=True)]
+    row = Row(PART, FENCED, "µs", median(r[FENCED]), spread_of(r[FENCED]), NOFENCE, samples=r[FENCED])
+    row.ratio = paired_ratio(r[FENCED], r[NOFENCE])
+    added = median([(a - b) * 1000 for a, b in zip(r[FENCED], r[NOFENCE], strict=True)])
+    row.note = (
+        "one monotonic clock read and one comparison a seal and an unseal (issue 23); "
+        f"{len(ratios)} rounds, per-round ratio IQR {spread_of(ratios):.3f}, {added:+.0f} ns a seal+unseal"
+    )
+    return row.decide(row.ratio, "<= 1.02x")
+
+
 def open_codec_for_bench(workdir: Path, name: str) -> Any:
     """Another local codec over its own ring, opened as `_local` opens one."""
     from mrtr_keys.changes.create import create_ring
@@ -196,12 +231,8 @@ def run(services: Services, settings: Settings) -> list[Row]:
     loops[NOSPANS] = {
         "seal+unseal": codec_loops(SimpleNamespace(seal=core.seal, unseal=core.unseal), payload)["seal+unseal"]
     }
-    # The self-fencing lease check (mrtr_keys.codecs.fence): a local codec as opened, vs another opened the
-    # same way whose seal/unseal are what they were before the lease (one method call to the installed core).
-    loops[FENCED] = {"seal+unseal": codec_loops(open_codec_for_bench(services.workdir, "a"), payload)["seal+unseal"]}
-    today = open_codec_for_bench(services.workdir, "b")
-    today.__class__ = type("WithoutLease", (type(today),), {"seal": _seal_today, "unseal": _unseal_today})
-    loops[NOFENCE] = {"seal+unseal": codec_loops(today, payload)["seal+unseal"]}
+    # The self-fencing lease check, timed on its own in more rounds (a ~2 % difference, a 1.02x target).
+    fenced = lease_pair(services.workdir, payload, quick=settings.quick)
     calls_before = {s.name: s.proxy.requests for s in live if s.proxy is not None}
 
     results: dict[str, dict[str, list[float]]] = {}
@@ -219,7 +250,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     for op in OPS:
         r = results[op]
         for name in r:
-            if op == "seal+unseal" and name in (KMS, VAULT_DK, NOSPANS, NOFENCE, FENCED):
+            if op == "seal+unseal" and name in (KMS, VAULT_DK, NOSPANS):
                 continue  # reported below against the local codec, their target's anchor
             anchor = RAW if name in (SDK, B64) else SDK if name != RAW else ""
             row = Row(PART, f"{name} {op}", "µs", median(r[name]), spread_of(r[name]), samples=r[name])
@@ -236,10 +267,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
             row.ratio = paired_ratio(r[LOCAL], r[NOSPANS])
             row.note = "cost of the span wrapper when tracing is off (one call, one attribute test)"
             rows.append(row.decide(row.ratio, "<= 1.1x"))
-            row = Row(PART, FENCED, "µs", median(r[FENCED]), spread_of(r[FENCED]), NOFENCE)
-            row.ratio = paired_ratio(r[FENCED], r[NOFENCE])
-            row.note = "one monotonic clock read and one comparison a seal and an unseal (issue 23)"
-            rows.append(row.decide(row.ratio, "<= 1.02x"))
+            rows.append(lease_row(fenced))
             for s in subjects:
                 if s.name in (KMS, VAULT_DK):
                     if s.codec is None:

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from tests.support.net import stop_process
-from tests.support.proxy import CountingProxy
+from tests.support.proxy import Classify, CountingProxy
 from tests.support.services import start_moto, start_openbao
 
 __all__ = ["AUDIENCE", "VAULT_TOKEN", "CountingProxy", "Services", "module_available", "rss_kib"]
@@ -148,9 +148,9 @@ class Services(AbstractContextManager["Services"]):
         self._procs: list[subprocess.Popen[Any]] = []
         self._proxies: list[CountingProxy] = []
 
-    def proxy(self, target_port: int) -> CountingProxy:
-        """A `CountingProxy` to 127.0.0.1:`target_port`, closed by `close()`."""
-        proxy = CountingProxy(target_port)
+    def proxy(self, target_port: int, *, classify: Classify | None = None) -> CountingProxy:
+        """A `CountingProxy` to 127.0.0.1:`target_port` (counting by `classify`), closed by `close()`."""
+        proxy = CountingProxy(target_port, classify=classify)
         self._proxies.append(proxy)
         return proxy
 

@@ -56,6 +56,31 @@ def interleaved(
     return samples
 
 
+def pair(
+    subject: Loop, anchor: Loop, *, rounds: int, inner: int, clock: Callable[[], int] = time.thread_time_ns
+) -> tuple[list[float], list[float]]:
+    """Per-op microseconds of `subject` and `anchor`, each timed `rounds` times back to back in alternating
+    order (AB, BA, ...), with the garbage collector paused for the whole run (loops that make no cycles).
+
+    For a difference of a few per cent: short samples (a few ms) next to each other see the same machine,
+    where `interleaved`'s longer rounds, each after a full collection, let a shared host's load come and
+    go between the two."""
+    subject(max(1, inner)), anchor(max(1, inner))
+    out: tuple[list[float], list[float]] = ([], [])
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for i in (0, 1) if r % 2 == 0 else (1, 0):
+                loop = (subject, anchor)[i]
+                start = clock()
+                loop(inner)
+                out[i].append((clock() - start) / inner / 1e3)
+    finally:
+        gc.enable()
+    return out
+
+
 def paired_ratio(subject: Sequence[float], anchor: Sequence[float]) -> float:
     """Median over rounds of subject[i] / anchor[i] (both from the same round)."""
     return statistics.median(s / a for s, a in zip(subject, anchor, strict=True))

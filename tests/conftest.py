@@ -35,9 +35,18 @@ E2E_MODULES = frozenset(
         "service/test_reload.py",
         "service/test_clients_and_config.py",
         "keystores/test_file.py::test_a_writer_gives_up_on_a_held_lock_with_exit_75_and_changes_nothing",
+        "keystores/test_file.py::test_a_failed_write_leaves_the_old_ring_as_it_was",
+        "keystores/test_mounted.py::test_a_write_is_refused_naming_where_writes_go",
+        "backends/test_missing_extras.py",
+        "fleet/test_gates.py::test_promote_refuses_while_a_live_instance_lacks_phase_1_then_allows",
+        "fleet/test_gates.py::test_retire_refuses_while_the_old_kid_seals_within_ttl",
+        "fleet/test_presence.py::test_a_clean_shutdown_writes_stopped",
+        "test_support.py::test_a_server_whose_port_was_taken_is_started_again_on_another",
     }
 )
-"""Modules (or single tests) that start processes without one of those fixtures."""
+"""Modules (or single tests) that start processes without one of those fixtures: the CLI in its own process
+(`run_cli`), a fresh interpreter, a server. The audit writer child that a library codec starts is part of the
+product's in-process sink: tests of it stay in the fast loop."""
 LONG_FIRST = (
     ("e2e/test_fleet_rotation.py", 210),
     ("typescript/test_e2e.py", 150),
@@ -47,16 +56,21 @@ LONG_FIRST = (
     ("e2e/test_paused_instance.py", 40),
     ("e2e/test_fleet_controls.py", 80),
     ("docs/test_doc_commands.py", 70),
+    ("bench/test_bench_fleet.py", 70),  # before "bench/": the first prefix that matches names the unit
     ("bench/", 70),
+    ("e2e/test_gray_replay.py::test_a_silent_store_delays_only_the_unseals_that_need_it", 60),
     ("e2e/test_adopt_sdk.py", 58),
     ("e2e/test_kms_rotation.py", 55),
     ("keystores/test_concurrency.py", 50),
+    ("e2e/test_gray_replay.py::test_a_library_unseal_fails_closed_within_the_deadline_while_the_store_is_silent", 48),
     ("e2e/test_vault_rotation.py", 47),
     ("e2e/test_keystore_fleet.py", 47),
     ("typescript/test_docs.py", 45),
     ("cli/test_cli.py", 45),
     ("deploy/", 40),
     ("e2e/test_audit_memory.py", 40),
+    ("e2e/test_audit_flaps.py::test_forty_flaps", 32),
+    ("e2e/test_audit_flaps.py::test_a_sidecar_whose_audit_store_flaps", 32),
     ("audit/test_concurrent_start.py", 24),
 )
 """``path`` or ``path::test`` prefixes of the longest tests (one unit each, kept together: a module-scoped

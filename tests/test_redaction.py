@@ -5,7 +5,9 @@ sidecar's unauthenticated ``/readyz`` and ``--replay-store`` given through ``MRT
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from mrtr_keys.replay.store import open_store as open_replay_store
 from mrtr_keys.urls import redact, scrub
 from tests.fixtures.audit import cli
 from tests.support.net import refused_port
+from tests.support.proxy import CountingProxy
 
 # (as written in the URL, the secret as a human would type it)
 PASSWORDS = [
@@ -72,3 +75,62 @@ def test_serve_reads_the_replay_store_from_the_environment(
     assert result.code == 2
     assert "replay store" in result.err
     _secret_free(result.out + result.err, "Env-Secret%40x", "Env-Secret@x")
+
+
+def test_a_sidecar_whose_stores_are_down_shows_no_password_anywhere(
+    keystore_path: Path,
+    tmp_path: Path,
+    sidecar_factory: Any,
+    pg_fault_proxy: tuple[CountingProxy, str],
+) -> None:
+    """Both store URLs carry the password (in the config file, as docs/sidecar.md shows; trust auth ignores
+    it); the audit store is cut after the start, the replay store refuses connections. The password is not
+    in ``/readyz`` (anonymous or authenticated: the error text goes to an authenticated caller, redacted),
+    ``/metrics``, an answer, the log, nor the environment or command line of the sidecar or its children
+    (the audit writer child)."""
+    # "@", ":" and non-ASCII, percent-encoded (a bare "%" cannot start: libpq refuses the URL, the CLI test above);
+    # not a parameter: the sidecar's environment holds PYTEST_CURRENT_TEST, the test's id
+    written, plain = PASSWORDS[1]
+    proxy, url = pg_fault_proxy
+    audit = url.replace("@", f":{written}@", 1)
+    with refused_port() as port:
+        cfg = tmp_path / "sidecar.toml"
+        cfg.write_text(
+            "[sidecar]\n"
+            f'audit = "{audit}"\n'
+            f'replay_store = "redis://:{written}@127.0.0.1:{port}/0"\n'
+            'single_use_audiences = ["svc"]\n'
+        )
+        side = sidecar_factory(keystore_path, extra=["--config", str(cfg)])
+        secret = side.add_client("pay", ["svc"])
+        anon, authed = side.http(), side.http(secret)
+        proxy.stop()
+        deadline = time.monotonic() + 15
+        while set(anon.get("/readyz").json().get("down", {})) != {"audit", "replay"}:
+            assert time.monotonic() < deadline, anon.get("/readyz").text
+            authed.post("/v1/seal", json={"audience": "svc", "payload": "AAAA"})  # an audit write to fail
+            time.sleep(0.2)
+        token = authed.post("/v1/seal", json={"audience": "svc", "payload": "AAAA"}).json()["token"]
+        texts = {
+            "/readyz": anon.get("/readyz").text,
+            "/readyz (authenticated)": authed.get("/readyz").text,
+            "/readyz?strict=true": anon.get("/readyz?strict=true").text,
+            "/metrics": anon.get("/metrics").text,
+            "unseal": authed.post("/v1/unseal", json={"audience": "svc", "token": token}).text,
+        }
+        pids = [side.proc.pid, *_descendants(side.proc.pid)]
+        for pid in pids:
+            for what in ("environ", "cmdline"):
+                texts[f"/proc/{pid}/{what}"] = Path(f"/proc/{pid}/{what}").read_bytes().decode(errors="replace")
+        side.stop()
+        texts["log"] = side.output()
+    assert '"error"' in texts["/readyz (authenticated)"]  # the store errors are there, redacted
+    assert len(pids) >= 2  # the writer child was looked at too
+    assert "***" in texts["log"]  # the stores' errors were logged, redacted
+    for where, text in texts.items():
+        assert written not in text and plain not in text, where
+
+
+def _descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for child in children for c in (child, *map(str, _descendants(int(child))))]

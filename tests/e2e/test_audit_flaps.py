@@ -1,10 +1,15 @@
 """A PostgreSQL audit store that flaps under load: nothing stored twice, every event accounted for.
 
-The database sits behind the fault proxy; while a thread records ~500 events a second, the proxy cuts
-and restores every connection 10 times (0.3 s down, 0.3 s up) and once resets a connection right after
-its ``COMMIT`` went up (the server applied it, the writer never heard). Afterwards `mrtr-keys audit
+The database sits behind the fault proxy; while events are recorded at a steady 200 a second, the proxy
+cuts and restores every connection 40 times (0.3 s down, 0.3 s up: the issue's 40 cuts of 0.3 s), then
+resets one connection right after its ``COMMIT`` went up (the server applied it, the writer never heard;
+armed once the flapping is over, so no cut can take that connection first). Afterwards `mrtr-keys audit
 verify` passes, no ``(writer, seq)`` is stored twice, and ``submitted == stored + dropped`` exactly
 (issue 22, deliver 1). The same through a sidecar: every answered seal is stored once or counted dropped.
+
+The load is paced, not flat out: each test waits out ~25 s of flapping on a few CPU-seconds (the issue
+found 48 duplicates at ~450 req/s; a re-send after any one cut is what duplicated, and 200 events a second
+keep a transaction in flight at most cuts).
 """
 
 from __future__ import annotations
@@ -29,8 +34,34 @@ from tests.audit.test_resend import flushed
 from tests.fixtures.audit import cli
 from tests.support.proxy import CountingProxy
 
+FLAPS = 40
+DOWN = UP = 0.3
+TICK = 0.05
+"""Seconds between two bursts of load (10 events in the library test, one batch of 20 seals in the sidecar's
+at every other tick): 200 events a second."""
 
-def test_ten_flaps_and_a_lost_commit_under_load_store_each_event_once(
+
+def _stored_and_twice(postgres_url: str) -> tuple[int, int]:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        stored = conn.execute("SELECT COUNT(*) FROM audit_events WHERE op = 'seal'").fetchone()[0]  # type: ignore[index]
+        twice = conn.execute(
+            "SELECT COUNT(*) FROM (SELECT writer, seq FROM audit_events GROUP BY writer, seq HAVING COUNT(*) > 1) d"
+        ).fetchone()[0]  # type: ignore[index]
+    return int(stored), int(twice)
+
+
+def _flap_then_lose_a_commit(proxy: CountingProxy) -> None:
+    """40 flaps, then one reset right after a ``COMMIT`` (waits, up to 30 s, until the reset happened)."""
+    flapper = proxy.faults.flap(FLAPS, down=DOWN, up=UP)
+    flapper.join(FLAPS * (DOWN + UP) + 30)
+    proxy.faults.reset_after(0, after=b"COMMIT")
+    deadline = time.monotonic() + 30
+    while proxy.faults.resets == 0:
+        assert time.monotonic() < deadline, "no COMMIT went up for 30 s after the flapping"
+        time.sleep(0.05)
+
+
+def test_forty_flaps_and_a_lost_commit_under_load_store_each_event_once(
     make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
 ) -> None:
     proxy, url = pg_fault_proxy
@@ -40,34 +71,28 @@ def test_ten_flaps_and_a_lost_commit_under_load_store_each_event_once(
 
     def load() -> None:
         nonlocal submitted
-        while not stop.is_set():
-            for _ in range(25):
+        while not stop.wait(TICK):
+            for _ in range(10):
                 sink.record("seal", kid="k1", token=f"tok{submitted}")
                 submitted += 1
-            time.sleep(0.05)
 
     loader = threading.Thread(target=load, daemon=True)
     loader.start()
     time.sleep(0.5)
-    flapper = proxy.faults.flap(10, down=0.3, up=0.3)
-    time.sleep(3.2)
-    proxy.faults.reset_after(0, after=b"COMMIT")
-    flapper.join(30)
-    time.sleep(0.5)
-    stop.set()
-    loader.join(10)
+    try:
+        _flap_then_lose_a_commit(proxy)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        loader.join(10)
     assert flushed(sink, 60)
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        stored = conn.execute("SELECT COUNT(*) FROM audit_events WHERE op = 'seal'").fetchone()[0]  # type: ignore[index]
-        twice = conn.execute(
-            "SELECT COUNT(*) FROM (SELECT writer, seq FROM audit_events GROUP BY writer, seq HAVING COUNT(*) > 1) d"
-        ).fetchone()[0]  # type: ignore[index]
+    stored, twice = _stored_and_twice(postgres_url)
     result = cli("audit", "verify", "--audit", postgres_url)
     print(
-        f"flaps={proxy.faults.flaps} lost-commit resets={proxy.faults.resets} submitted={submitted} "
+        f"library: flaps={proxy.faults.flaps} lost-commit resets={proxy.faults.resets} submitted={submitted} "
         f"stored={stored} dropped={sink.dropped} duplicates={twice} verify={result.code}: {result.out.strip()[:120]}"
     )
-    assert proxy.faults.flaps == 10
+    assert proxy.faults.flaps == FLAPS and proxy.faults.resets == 1
     assert twice == 0
     assert result.code == 0, result.out + result.err
     assert submitted == stored + sink.dropped
@@ -83,24 +108,36 @@ def test_a_sidecar_whose_audit_store_flaps_stores_each_answered_request_once(
     auth = {"authorization": f"Bearer {secret}"}
     batch = {"items": [{"audience": "svc", "payload": "AAAA"}] * 20}
     answered = 0
+    codes: set[int] = set()
     with TestClient(app) as http:
-        flapper = proxy.faults.flap(10, down=0.3, up=0.3)
-        while flapper.is_alive():
-            assert http.post("/v1/seal/batch", json=batch, headers=auth).status_code == 200
-            answered += 20
-            time.sleep(0.02)
+        stop = threading.Event()
+
+        def load() -> None:
+            nonlocal answered
+            while not stop.wait(2 * TICK):
+                code = http.post("/v1/seal/batch", json=batch, headers=auth).status_code
+                codes.add(code)
+                answered += 20 if code == 200 else 0
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        try:
+            _flap_then_lose_a_commit(proxy)
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            loader.join(10)
         assert flushed(sink, 60)
         metrics = http.get("/metrics").text
     dropped = int(float(re.search(r"^mrtr_sidecar_audit_dropped_total (\S+)$", metrics, re.M).group(1)))  # type: ignore[union-attr]
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        stored = conn.execute("SELECT COUNT(*) FROM audit_events WHERE op = 'seal'").fetchone()[0]  # type: ignore[index]
-        twice = conn.execute(
-            "SELECT COUNT(*) FROM (SELECT writer, seq FROM audit_events GROUP BY writer, seq HAVING COUNT(*) > 1) d"
-        ).fetchone()[0]  # type: ignore[index]
+    stored, twice = _stored_and_twice(postgres_url)
     sink.close()
     result = cli("audit", "verify", "--audit", postgres_url)
     print(
-        f"sidecar: flaps={proxy.faults.flaps} answered={answered} stored={stored} dropped={dropped} duplicates={twice}"
+        f"sidecar: flaps={proxy.faults.flaps} lost-commit resets={proxy.faults.resets} answered={answered} "
+        f"stored={stored} dropped={dropped} duplicates={twice} verify={result.code}: {result.out.strip()[:120]}"
     )
-    assert twice == 0 and result.code == 0, result.out
+    assert codes == {200}  # not strict: a flapping store never refuses a seal
+    assert proxy.faults.flaps == FLAPS and proxy.faults.resets == 1
+    assert twice == 0 and result.code == 0, result.out + result.err
     assert answered == stored + dropped

@@ -31,13 +31,23 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.e2e.pauses import (
+    freeze,
+    init_ring,
+    retire_once_only_time_is_left,
+    rotate,
+    start_mcp_servers,
+    start_sidecar_instance,
+    thaw,
+    wait_stale,
+)
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
 from tests.fixtures.faults import through
 from tests.fixtures.moto_kms import AWS_ENV
 from tests.fixtures.openbao import OpenBao
-from tests.fixtures.sidecar import Sidecar, start_sidecar
+from tests.fixtures.sidecar import Sidecar
 from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
@@ -66,63 +76,16 @@ def shared_ring(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: st
 
 def _init(shared_ring: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str], str]:
     ring, env = shared_ring
-    assert run_cli("init", "--ttl", TTL, keystore=ring, env=env).code == 0
-    res = run_cli("clients", "add", "driver", "--audience", "provisioner", "--json", keystore=ring, env=env)
-    assert res.code == 0, res.err
-    return ring, env, res.json()["secret"]
+    return ring, env, init_ring(ring, env, ttl=TTL)
 
 
 def _sidecar(ring: str, env: dict[str, str], tmp: Path, name: str, *extra: str, reload: float = 0.5) -> Sidecar:
-    args = ("--instance", name, "--heartbeat-interval", HEARTBEAT, *extra)
-    return start_sidecar(ring, workdir=tmp / name, reload_interval=reload, extra=args, env=env)
+    return start_sidecar_instance(ring, env, tmp, name, *extra, heartbeat=HEARTBEAT, reload=reload)
 
 
 def _mcp_servers(pool: ServerPool, ring: str, *names: str) -> list[Any]:
     """MCP servers on the ring (heartbeat and reload every 0.5 s), once all are ready."""
-    extra = ("--ttl", TTL, "--heartbeat-every", HEARTBEAT, "--reload-every", "0.5")
-    servers = [pool.launch(keystore=ring, instance=n, extra_args=extra) for n in names]
-    pool.wait_ready()
-    return servers
-
-
-def _step(ring: str, env: dict[str, str], *args: str) -> dict[str, Any]:
-    res = run_cli("rotate", *args, "--json", keystore=ring, env=env, timeout=120)
-    assert res.code == 0, res.err + res.out
-    doc: dict[str, Any] = res.json()
-    return doc
-
-
-def _wait_stale(ring: str, env: dict[str, str], name: str, timeout: float = 20) -> None:
-    """Until `fleet status` shows `name` stale: the gates no longer count it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = run_cli("fleet", "status", "--json", keystore=ring, env=env).json()
-        if any(r["name"] == name and r["status"] == "stale" for r in rows):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{name} never went stale")
-
-
-def _retire_once_only_time_is_left(ring: str, env: dict[str, str]) -> dict[str, Any]:
-    """`rotate retire --force` once `rotate status` waits for the TTL alone (every live instance loaded the
-    promote; a stale one is not counted) and a held token's time has passed: forcing skips TTL + 60 s only."""
-    deadline = time.monotonic() + 30
-    while True:
-        st = _step(ring, env, "status")
-        if [w["for"] for w in st["waits"]] == ["TTL"] and st["instances_ready"] == st["instances_live"]:
-            break
-        assert time.monotonic() < deadline, st
-        time.sleep(0.2)
-    time.sleep(1.0)  # tokens sealed with the old key before every instance loaded the promote: held 0.3 s
-    return _step(ring, env, "retire", "--force")
-
-
-def _freeze(proc: Any) -> None:
-    proc.send_signal(signal.SIGSTOP)
-
-
-def _thaw(proc: Any) -> None:
-    proc.send_signal(signal.SIGCONT)
+    return start_mcp_servers(pool, ring, *names, ttl=TTL, heartbeat=HEARTBEAT, reload="0.5")
 
 
 def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
@@ -151,32 +114,32 @@ def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
         # 1. mcp-3 frozen before begin, resumed after the promote
         paused = servers[2]
         traffic.take_out("mcp-3")
-        _freeze(paused.proc)
+        freeze(paused.proc)
         frozen = time.monotonic()
-        began = _step(ring, env, "next", "--wait", "60")
+        began = rotate(ring, env, "next", "--wait", "60")
         assert began["step"] == "begin"
         sidecars[1].proc.send_signal(signal.SIGHUP)  # sc-2 checks only every 60 s: load phase 1 now
         started = time.monotonic()
-        assert _step(ring, env, "next", "--wait", "60")["step"] == "promote"  # once mcp-3 is stale
+        assert rotate(ring, env, "next", "--wait", "60")["step"] == "promote"  # once mcp-3 is stale
         waits["promote"] = round(time.monotonic() - started, 1)
         waits["promote_after_freeze"] = round(time.monotonic() - frozen, 1)
         traffic.wait_rounds(4)  # the new key seals on the others
-        _thaw(paused.proc)
+        thaw(paused.proc)
         traffic.put_in("mcp-3")
         traffic.wait_rounds(6, involving="mcp-3")
-        _retire_once_only_time_is_left(ring, env)
+        retire_once_only_time_is_left(ring, env)
 
         # 2. sc-2 on phase 1 (began) frozen across promote and retire
-        began = _step(ring, env, "next", "--wait", "60")
+        began = rotate(ring, env, "next", "--wait", "60")
         assert began["step"] == "begin"
         sidecars[1].proc.send_signal(signal.SIGHUP)
         sidecars[1].wait_generation(secret, began["generation"])
         traffic.take_out("sc-2")
-        _freeze(sidecars[1].proc)
-        assert _step(ring, env, "next", "--wait", "60")["step"] == "promote"  # sc-2 had the new key
-        _wait_stale(ring, env, "sc-2")
-        _retire_once_only_time_is_left(ring, env)
-        _thaw(sidecars[1].proc)
+        freeze(sidecars[1].proc)
+        assert rotate(ring, env, "next", "--wait", "60")["step"] == "promote"  # sc-2 had the new key
+        wait_stale(ring, env, "sc-2")
+        retire_once_only_time_is_left(ring, env)
+        thaw(sidecars[1].proc)
         traffic.put_in("sc-2")
         traffic.wait_rounds(6, involving="sc-2")
         traffic.wait_rounds(6, involving="mcp-3")
@@ -193,10 +156,10 @@ def test_instances_paused_across_a_promote_and_a_retire_reject_nothing(
             traffic.stop()
         for s in servers if "servers" in locals() else []:
             if s.proc.poll() is None:
-                _thaw(s.proc)
+                thaw(s.proc)
         for sc in sidecars:
             if sc.proc.poll() is None:
-                _thaw(sc.proc)
+                thaw(sc.proc)
             sc.stop()
         pool.close()
 
@@ -215,15 +178,15 @@ def test_control_without_the_lease_a_paused_sidecar_seals_with_a_retired_kid(tmp
             traffic.put_in(name)
         traffic.start()
         traffic.wait_rounds(4)
-        began = _step(ring, env, "next", "--wait", "60")
+        began = rotate(ring, env, "next", "--wait", "60")
         sidecars[1].proc.send_signal(signal.SIGHUP)
         sidecars[1].wait_generation(secret, began["generation"])
         traffic.take_out("sc-2")
-        _freeze(sidecars[1].proc)
-        assert _step(ring, env, "next", "--wait", "60")["step"] == "promote"
-        _wait_stale(ring, env, "sc-2")
-        _retire_once_only_time_is_left(ring, env)
-        _thaw(sidecars[1].proc)
+        freeze(sidecars[1].proc)
+        assert rotate(ring, env, "next", "--wait", "60")["step"] == "promote"
+        wait_stale(ring, env, "sc-2")
+        retire_once_only_time_is_left(ring, env)
+        thaw(sidecars[1].proc)
         traffic.put_in("sc-2")
         deadline = time.monotonic() + 20
         while traffic.rejected == 0 and time.monotonic() < deadline:
@@ -238,7 +201,7 @@ def test_control_without_the_lease_a_paused_sidecar_seals_with_a_retired_kid(tmp
         traffic.stop()
         for sc in sidecars:
             if sc.proc.poll() is None:
-                _thaw(sc.proc)
+                thaw(sc.proc)
             sc.stop()
 
 
@@ -281,8 +244,8 @@ def test_an_instance_cut_from_keystore_and_audit_store_for_40_s_rejects_nothing_
         keystore.faults.blackhole()
         store.faults.blackhole()
         cut = time.monotonic()
-        assert _step(ring, env, "next", "--wait", "60")["step"] == "begin"
-        promoted = _step(ring, env, "next", "--wait", "60")  # once sc-cut is stale: its heartbeats are held
+        assert rotate(ring, env, "next", "--wait", "60")["step"] == "begin"
+        promoted = rotate(ring, env, "next", "--wait", "60")  # once sc-cut is stale: its heartbeats are held
         assert promoted["step"] == "promote"
         traffic.wait_rounds(6)  # the new key seals on the others
         rows = {r["name"]: r for r in run_cli("fleet", "status", "--json", keystore=ring, env=env).json()}

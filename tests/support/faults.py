@@ -102,8 +102,7 @@ class Faults:
     def gate(self, direction: str, conn: int, data: bytes) -> bytes | None:
         """What to forward of `data` going `direction` (``"up"``/``"down"``) on connection `conn`;
         None: reset the connection now. Blocks while blackholed or delayed."""
-        while not self._open.wait(0.05):
-            pass
+        self._open.wait()  # blocks without polling: a blackhole holding hundreds of connections costs no CPU
         if self.delay:
             time.sleep(self.delay)
             self._open.wait()

@@ -126,8 +126,11 @@ class CountingProxy:
             holder.close()
 
     def close(self) -> None:
-        """Stop for good and release the port."""
+        """Stop for good and release the port (connections held by a blackhole are let go: they end on their
+        closed sockets)."""
         self.stop()
+        self.faults.stop_flapping()
+        self.faults.restore()
         with self._lock:
             holder, self._holder = self._holder, None
         if holder is not None:

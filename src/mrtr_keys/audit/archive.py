@@ -57,6 +57,18 @@ def _refuse(value: object) -> object:
 # Arguments as `json.encoder.JSONEncoder.iterencode` passes them: no circular check, compact
 # separators, ASCII output, NaN refused.
 _row_json = c_make_encoder(None, _refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+
+def _lines(rows: Sequence[tuple[Any, ...]]) -> str:
+    """One JSON array a row (its values after the position), a line each: the page encoded by one
+    call of the C encoder and split at the row boundaries (``],[``), unless a value holds that
+    text too (then row by row)."""
+    text = "".join(_row_json([r[1:] for r in rows], 0))[1:-1]
+    if text.count("],[") == len(rows) - 1:
+        return text.replace("],[", "]\n[") + "\n"
+    return "\n".join(["".join(_row_json(r[1:], 0)) for r in rows]) + "\n"
+
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -184,8 +196,7 @@ class Archiver:
     def _append(self, seg: _Segment, rows: Sequence[tuple[Any, ...]]) -> None:
         if not rows:
             return
-        join, enc = "".join, _row_json
-        text = "\n".join([join(enc(r[1:], 0)) for r in rows]) + "\n"
+        text = _lines(rows)
         comp = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)  # 31: a gzip member
         data = comp.compress(text.encode("utf-8")) + comp.flush()
         with seg.path.open("ab") as f:
@@ -228,7 +239,10 @@ class Archiver:
                 raise AuditError(f"archive: chain {cut['writer']} does not end at its cut (seq {cut['seq']})")
             if c.segment is not None:
                 self._close(c, c.segment)
-        for name, path in self._files:
+        put_files = getattr(self.dest, "put_files", None)
+        if put_files is not None:  # a directory: one fsync of the segments' directory, not one each
+            put_files(self._files)
+        for name, path in self._files if put_files is None else ():
             self.dest.put_file(name, path)
         doc = {
             "format": FORMAT,

@@ -94,6 +94,26 @@ class DirDestination:
         except OSError as exc:
             raise AuditUnavailable(f"cannot write {self.root / name}: {exc.strerror}") from None
 
+    def put_files(self, files: list[tuple[str, Path]]) -> None:
+        """`put_file` for many files, durable at the same point at less cost: every file fsynced,
+        then all renamed, then each directory they went to fsynced once (a run's segments share
+        one directory: one directory fsync instead of one a segment, a fixed cost of the run)."""
+        current = ""
+        try:
+            for current, path in files:  # noqa: B007 - named in the error
+                with path.open("rb+") as f:
+                    os.fsync(f.fileno())
+            parents: dict[Path, None] = {}
+            for current, path in files:
+                target = self._target(current)
+                os.replace(path, target)
+                parents[target.parent] = None
+            for parent in parents:
+                current = str(parent.relative_to(self.root))
+                _fsync_dir(parent)
+        except OSError as exc:
+            raise AuditError(f"cannot write {self.root / current}: {exc.strerror}") from None
+
     def put_bytes(self, name: str, data: bytes) -> None:
         try:
             target = self._target(name)

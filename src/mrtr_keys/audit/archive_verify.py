@@ -32,7 +32,7 @@ from typing import Any
 from mrtr_keys.audit.archive import ARCHIVE, FORMAT, last_archive
 from mrtr_keys.audit.archive_dest import Destination
 from mrtr_keys.audit.chain import GENESIS, Break
-from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Progress, Start, StreamReport, Walker, prune_starts
+from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Progress, Start, StreamReport, Walker, prune_starts, walk_pages
 
 KIND = "archive"
 """`Break.kind` of a problem with the archive's files (as opposed to the records in them)."""
@@ -271,11 +271,7 @@ def verify_archive(
         report.breaks.append(stop.brk)
         report.seconds = time.monotonic() - started
         return report
-    for rows in store.row_batches(0, page):
-        walker.feed(rows)
-        del rows
-        if progress is not None:
-            progress(report.records, time.monotonic() - started)
+    walk_pages(walker, store, 0, page, progress, started)
     walker.finish(pairs)
     report.seconds = time.monotonic() - started
     return report

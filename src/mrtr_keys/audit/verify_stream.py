@@ -26,18 +26,19 @@ Where a chain starts:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mrtr_keys.audit import verify_parallel
 from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, checkpoint_break, hash_values
+from mrtr_keys.audit.verify_runs import MAX_PENDING, RunWalk
 from mrtr_keys.errors import ConfigError
 
 PAGE = 20_000
 """Rows read per page (keyset on the storage position)."""
-MAX_PENDING = 8_192
-"""Rows of one chain's open batch kept as objects; past this they are fed to an incremental hash."""
 PRUNE = "prune"
 """``kind`` of a checkpoint document written by ``audit prune``."""
 
@@ -86,7 +87,10 @@ class _Chain:
         "gap",
         "hasher",
         "head",
+        "nonlink",
         "pending",
+        "pieces",
+        "runs",
         "skip_before",
         "start",
         "start_hash",
@@ -99,7 +103,10 @@ class _Chain:
         self.start = start.seq if start else 0
         self.expected = self.start + 1
         self.head = self.start_hash = start.hash if start else GENESIS
-        self.pending: list[tuple[object, ...]] = []
+        self.pending: list[Any] = []  # row tuples (`Walker.feed`) or their repr (`Walker.feed_pieces`)
+        self.pieces = 0  # how many of `pending` are repr strings
+        self.nonlink = 0  # rows of the open batch without a link, when fed runs (`Walker.feed_runs`)
+        self.runs: list[tuple[int, int, int]] = []  # (first position, last position, first seq) of its runs
         self.first: Sequence[Any] = ()
         self.hasher: Any = None
         self.brk: list[Any] | None = None  # [kind, position, seq, time, detail]
@@ -109,7 +116,7 @@ class _Chain:
 
 
 @dataclass
-class Walker:
+class Walker(RunWalk):
     """Feed pages of raw rows (position, then `SQL_COLUMNS`) in storage order; `finish` reports."""
 
     starts: dict[str, Start] = field(default_factory=dict)
@@ -122,6 +129,8 @@ class Walker:
     cuts: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     """writer -> (seq, hash, time) of that batch end."""
     _chains: dict[str, _Chain] = field(default_factory=dict)
+    _by_raw: dict[int, _Chain] = field(default_factory=dict)  # a name id -> its chain (`feed_runs`)
+    _view: Any = None
 
     def chain(self, writer: str) -> _Chain:
         c = self._chains.get(writer)
@@ -161,37 +170,55 @@ class Walker:
                     self._spill(c)
         self.report.records += len(rows)
 
+    @staticmethod
+    def _text(c: _Chain) -> str:
+        """``repr`` of the open batch's rows (`pending`, tuples and pieces)."""
+        if not c.pieces:
+            return repr(c.pending)
+        if c.pieces == len(c.pending):
+            return "[" + ", ".join(c.pending) + "]"
+        return "[" + ", ".join([p if p.__class__ is str else repr(p) for p in c.pending]) + "]"
+
     def _spill(self, c: _Chain) -> None:
         """Hash the open batch's rows so far incrementally (seeded with the chain's head)."""
-        text = ", ".join(map(repr, c.pending))
+        text = self._text(c)[1:-1]
         if c.hasher is None:
             c.hasher = hashlib.sha256((c.head + "[").encode("utf-8", "surrogatepass"))
         else:
             text = ", " + text
         c.hasher.update(text.encode("utf-8", "surrogatepass"))
         c.pending = []
+        c.pieces = 0
 
     def _close(self, c: _Chain, row: tuple[Any, ...]) -> None:
         """The batch's last record (`row`) carries its link: check content, then the link."""
         prev, link, seq = row[14], row[15], row[13]
+        n = c.nonlink + 1 if c.runs else len(c.pending)  # rows in the batch (unless spilled)
         problem = None
-        if c.hasher is not None:  # a long batch, hashed incrementally from the expected head
-            c.hasher.update((", " + repr(c.pending)[1:]).encode("utf-8", "surrogatepass"))
+        if c.hasher is not None or c.nonlink >= MAX_PENDING:  # a long batch: hashed from the expected head
+            if c.hasher is None:  # fed as runs, not spilled yet: as if it had been
+                c.hasher = hashlib.sha256((c.head + self._text(c)).encode("utf-8", "surrogatepass"))
+            else:
+                c.hasher.update((", " + self._text(c)[1:]).encode("utf-8", "surrogatepass"))
             if prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
             elif c.hasher.hexdigest() != link:
-                problem = "altered", f"records seq {c.first[13]}..{seq}: their fields do not match their batch's hash"
+                problem = (
+                    "altered",
+                    f"records seq {self._first(c, n)[13]}..{seq}: their fields do not match their batch's hash",
+                )
             c.hasher = None
         else:
-            digest = hashlib.sha256((prev + repr(c.pending)).encode("utf-8", "surrogatepass")).hexdigest()
-            if digest != link and not (len(c.pending) == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
-                span = f"seq {c.first[13]}..{seq}" if len(c.pending) > 1 else f"seq {seq}"
+            digest = hashlib.sha256((prev + self._text(c)).encode("utf-8", "surrogatepass")).hexdigest()
+            if digest != link and not (n == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
+                span = f"seq {self._first(c, n)[13]}..{seq}" if n > 1 else f"seq {seq}"
                 problem = "altered", f"records {span}: their fields do not match their batch's hash"
             elif prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
-        c.pending = []
-        if problem is not None:
-            first = c.first
+        first = self._first(c, n) if problem is not None else None
+        c.pending, c.runs = [], []
+        c.pieces = c.nonlink = 0
+        if problem is not None and first is not None:
             c.brk = [problem[0], first[0], first[13], first[1], problem[1]]
             return
         c.head = link
@@ -243,7 +270,7 @@ class Walker:
             if c.brk is not None:
                 report.breaks.append(Break(c.brk[0], c.writer, c.brk[1], c.brk[2], c.brk[3], c.brk[4]))
             elif c.pending or c.hasher is not None:
-                first, end = c.first, c.expected - 1
+                first, end = self._first(c, c.nonlink) if c.runs else c.first, c.expected - 1
                 detail = (
                     f"records seq {first[13]}..{end} end without their batch's hash: its last records "
                     "were deleted, or these were added"
@@ -310,11 +337,15 @@ def verify_store(
     since: str | None = None,
     progress: Progress | None = None,
     page: int = PAGE,
+    runs: bool = True,
+    split_min_rows: int = verify_parallel.MIN_ROWS,
 ) -> StreamReport:
     """Walk every chain of `store` (an `AuditStore`) in bounded pages and check the checkpoints
     `docs` (this store's documents, file order). `since`: an event time string or ``last``: start
     from that checkpoint (`pick_since`) instead of genesis. Prune checkpoints always set the start
-    of the chains they cut.
+    of the chains they cut. `runs` False: the row walk even where runs apply (SQLite schema 4;
+    the reference the run walk is tested against); `split_min_rows`: positions from which the
+    rendering is split across processes (`verify_parallel`).
 
     Raises:
         ConfigError: `since` names no checkpoint; AuditError: the store cannot be read.
@@ -358,11 +389,43 @@ def verify_store(
     pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
     for _, head in pairs:
         walker.expect_head(str(head["writer"]), int(head["seq"]))
+    walk_pages(walker, store, after, page, progress, started, runs=runs, split_min_rows=split_min_rows)
+    report = walker.finish(pairs)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def walk_pages(
+    walker: Walker,
+    store: Any,
+    after: int,
+    page: int,
+    progress: Progress | None,
+    started: float,
+    *,
+    runs: bool = True,
+    split_min_rows: int = verify_parallel.MIN_ROWS,
+) -> None:
+    """Feed `walker` every record of `store` after position `after`, `page` at a time: as runs on
+    SQLite schema 4 (split across processes from `split_min_rows` positions), else as rows.
+
+    Raises:
+        AuditError: the store cannot be read.
+    """
+    fast = store.run_pages(after, page) if runs and hasattr(store, "run_pages") else None
+    if fast is not None:  # SQLite schema 4: raw rows and their hash text (the same walk, less work)
+        view, pages = fast
+        split = verify_parallel.run_pages(store, after, page, min_rows=split_min_rows)
+        if split is not None:  # a large log: rendered by two processes, then what came meanwhile
+            pages = itertools.chain(split[1], store.run_pages(split[0], page)[1])
+        for page_runs in pages:
+            walker.feed_runs(page_runs, view)
+            del page_runs
+            if progress is not None:
+                progress(walker.report.records, time.monotonic() - started)
+        return
     for rows in store.row_batches(after, page):
         walker.feed(rows)
         del rows  # not alive while the next page is fetched: one page at a time
         if progress is not None:
             progress(walker.report.records, time.monotonic() - started)
-    report = walker.finish(pairs)
-    report.seconds = time.monotonic() - started
-    return report

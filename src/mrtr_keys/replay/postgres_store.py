@@ -23,8 +23,8 @@ call, from waiting for a pooled connection to the answer, is bounded by `timeout
 A statement runs under `mrtr_keys.deadlines.WATCHDOG`, which shuts the socket down at the deadline
 (libpq has no read or write timeout); a new connection is opened in a helper thread the caller waits
 for at most the time left (psycopg's own ``connect_timeout`` cannot go below 2 s), and one that
-succeeds late joins the pool. ``statement_timeout`` (the same `timeout`) also stops the statement on
-the server.
+succeeds late joins the pool if it has room (a connection handed back to a full pool is closed).
+``statement_timeout`` (the same `timeout`) also stops the statement on the server.
 """
 
 from __future__ import annotations
@@ -166,8 +166,12 @@ class PostgresReplayStore:
             conn, _ = box.get_nowait()
         except queue.Empty:
             return
-        if conn is None:
-            return
+        if conn is not None:
+            self._return(conn)
+
+    def _return(self, conn: Any) -> None:
+        """Put `conn` back in the pool, or close it if the pool is full (connections made late, after
+        their caller left, join it without a caller's slot: after an outage they can fill it)."""
         try:
             self._idle.put_nowait(conn)
         except queue.Full:
@@ -199,7 +203,7 @@ class PostgresReplayStore:
                     conn.close()
                 timed_out = isinstance(exc, TimeoutError) or (guard is not None and guard.fired)
                 raise self._health.failed(TimeoutError("deadline passed") if timed_out else exc) from None
-            self._idle.put_nowait(conn)
+            self._return(conn)
         finally:
             self._slots.release()
         self._health.ok()

@@ -203,3 +203,104 @@ class Codec:
                 )
             )
         return out
+
+
+Run = tuple[Any, Any, Any, Any, Any, int, bool, str]
+"""(first position, last position, writer id, first seq, last seq + 1, rows, whether the last row
+carries a link, text): `Pieces.runs`."""
+_LAST_TIME = 253_402_300_800_000_000
+"""Microseconds of 10000-01-01: canonical times decode below it."""
+_CACHEABLE = (str, type(None))
+
+
+class Pieces:
+    """``verify``'s hot loop on narrow rows: the text its chain hash reads, without decoding.
+
+    `runs` turns a page of raw rows into the exact text `mrtr_keys.audit.verify_stream.Walker`
+    hashes (``repr`` of each row as the walk would build it), one format with cached texts for the
+    common shape (integer time of 1970..9999, known name ids, a BLOB fingerprint, empty chain
+    fields); any other row is decoded and ``repr``-ed."""
+
+    def __init__(
+        self,
+        codec: Codec,
+        reload: Callable[[], dict[int, str]],
+        rows: Callable[[int, int], list[tuple[Any, ...]]],
+    ) -> None:
+        self.codec = codec
+        self.reload = reload
+        self.rows = rows
+        """``rows(lo, hi)``: the store's decoded rows at positions `lo` to `hi`, in order."""
+        self._names: dict[int, str] = {}  # id -> repr(name), only for names known
+        self._mids: dict[tuple[Any, ...], str] = {}  # (client .. reason) -> their reprs, joined
+
+    def decode(self, row: Sequence[Any]) -> tuple[Any, ...]:
+        return self.codec.decode_rows([row], self.reload)[0]
+
+    def name(self, ident: object) -> object:
+        return self.codec.name(ident, self.reload)
+
+    def _slow(self, row: Sequence[Any]) -> str:
+        """Decode and ``repr`` (learning the names and middle fields the fast format reuses)."""
+        d = self.decode(row)
+        for ident in (row[2], row[12]):
+            if ident.__class__ is int and ident in self.codec.names:
+                self._names[ident] = repr(self.codec.names[ident])
+        mid = tuple(row[3:9])
+        if all(v.__class__ in _CACHEABLE for v in mid):
+            if len(self._mids) > 4_096:
+                self._mids.clear()
+            self._mids[mid] = ", ".join(map(repr, mid))
+        return repr((*d[1:14], "", "") if d[15] else d[1:])
+
+    def runs(self, rows: Sequence[Sequence[Any]]) -> list[Run]:
+        """The page `rows` (raw rows, position, then narrow `SQL_COLUMNS`, in storage order) as
+        `Run` s: each maximal stretch of rows of one chain (an integer name id) with consecutive
+        integer seqs, of which only the last may carry a batch's link. Its text is its rows' hash
+        pieces (``repr(decoded[1:14] + ("", ""))`` for a row carrying a link, else
+        ``repr(decoded[1:])``, decoded as `Codec.decode_rows` would) joined by ``", "``, so the
+        batch's hash input is ``"[" + ", ".join(texts of its runs) + "]"``. A row with another
+        writer or seq type is a run by itself with writer None (the walk decodes it)."""
+        names, mids, mm_ss = self._names, self._mids, _MM_SS
+        hours, hour_text = self.codec._hours, self.codec._hour_text
+        out: list[Run] = []
+        texts: list[str] = []
+        lo = hi = w0 = s0 = nxt = None
+        for row in rows:
+            pos, t, inst, client, aud, kid, op, outcome, reason, fp, gen, dur, w, seq, prev, link = row
+            piece = None
+            if (
+                t.__class__ is int
+                and fp.__class__ is bytes
+                and 0 <= t < _LAST_TIME
+                and (link or (prev == "" and link == ""))
+            ):
+                ir, wr, mid = names.get(inst), names.get(w), mids.get((client, aud, kid, op, outcome, reason))
+                if ir is not None and wr is not None and mid is not None and (inst.__class__ is w.__class__ is int):
+                    sec = t // 1_000_000
+                    hour = sec // 3_600
+                    piece = (
+                        f"('{hours.get(hour) or hour_text(hour)}{mm_ss[sec - hour * 3_600]}."
+                        f"{t - sec * 1_000_000:06d}Z', {ir}, {mid}, '{fp.hex()}', "
+                        f"{gen!r}, {dur!r}, {wr}, {seq!r}, '', '')"
+                    )
+            if piece is None:
+                piece = self._slow(row)
+            if texts and w == w0 and seq == nxt and w.__class__ is int and seq.__class__ is int:
+                texts.append(piece)
+                hi, nxt = pos, seq + 1
+            else:
+                if texts:
+                    out.append((lo, hi, w0, s0, nxt, len(texts), False, ", ".join(texts)))
+                texts = [piece]
+                lo = hi = pos
+                if w.__class__ is int and seq.__class__ is int:
+                    w0, s0, nxt = w, seq, seq + 1
+                else:
+                    w0 = s0 = nxt = None
+            if link or nxt is None:
+                out.append((lo, hi, w0, s0, nxt, len(texts), bool(link), ", ".join(texts)))
+                texts = []
+        if texts:
+            out.append((lo, hi, w0, s0, nxt, len(texts), False, ", ".join(texts)))
+        return out

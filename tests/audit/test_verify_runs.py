@@ -1,0 +1,131 @@
+"""The run walk of SQLite schema 4 (raw rows rendered to their hash text, `narrow.Pieces.runs`; split
+across two processes for a large log, `verify_parallel`) reports exactly what the row walk reports,
+on genuine logs and on each kind of hand edit, including values of another type or shape than the
+writer's (text where an integer is stored, quotes, a BLOB, a REAL seq, a renamed name id).
+
+The row walk (``runs=False``) is the reference: it decodes every row and ``repr`` s it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.audit_log import fill
+
+from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.verify_stream import MAX_PENDING, verify_store
+from tests.fixtures.audit import sqlite_exec
+
+EDITS = {
+    "genuine": (),
+    "deleted": ("DELETE FROM audit_events WHERE id = 333",),
+    "deleted batch end": ("DELETE FROM audit_events WHERE id = 400",),
+    "altered reason": ("UPDATE audit_events SET reason = 'innocent' WHERE id = 333",),
+    "quote in client": ("UPDATE audit_events SET client = 'it''s' WHERE id = 333",),
+    "backslash and newline": ("UPDATE audit_events SET kid = 'a\\b' || char(10) WHERE id = 333",),
+    "unicode kid": ("UPDATE audit_events SET kid = 'clé' WHERE id = 333",),
+    "blob client": ("UPDATE audit_events SET client = CAST(client AS BLOB) WHERE id = 333",),
+    "time plus 1 us": ("UPDATE audit_events SET time = time + 1 WHERE id = 333",),
+    "time as text": ("UPDATE audit_events SET time = '2026-01-01T00:00:00.000000Z' WHERE id = 333",),
+    "negative time": ("UPDATE audit_events SET time = -5 WHERE id = 333",),
+    "generation real": ("UPDATE audit_events SET generation = 1.5 WHERE id = 333",),
+    "duration null": ("UPDATE audit_events SET duration_ms = NULL WHERE id = 333",),
+    "fingerprint text": ("UPDATE audit_events SET fingerprint = lower(hex(fingerprint)) WHERE id = 333",),
+    "fingerprint null": ("UPDATE audit_events SET fingerprint = NULL WHERE id = 333",),
+    "writer as its name": (
+        "UPDATE audit_events SET writer = (SELECT name FROM audit_names WHERE id = writer) WHERE id = 333",
+    ),
+    "instance unknown id": ("UPDATE audit_events SET instance = 999 WHERE id = 333",),
+    "name renamed": (
+        "UPDATE audit_names SET name = name || 'x' WHERE id = (SELECT instance FROM audit_events WHERE id = 1)",
+    ),
+    "seq real": ("UPDATE audit_events SET seq = seq + 0.0 WHERE id = 333",),
+    "prev_hash on a middle row": ("UPDATE audit_events SET prev_hash = 'x' WHERE id = 333",),
+    "hash on a middle row": ("UPDATE audit_events SET hash = 'x' WHERE id = 333",),
+    "inserted copy": (
+        "INSERT INTO audit_events (time, instance, client, audience, kid, op, outcome, reason, fingerprint,"
+        " generation, duration_ms, writer, seq, prev_hash, hash) SELECT time, instance, client, audience,"
+        " kid, op, outcome, reason, fingerprint, generation, duration_ms, writer, seq, prev_hash, hash"
+        " FROM audit_events WHERE id = 333",
+    ),
+    "reordered": (
+        "UPDATE audit_events SET id = 100000 WHERE id = 333",
+        "UPDATE audit_events SET id = 333 WHERE id = 334",
+        "UPDATE audit_events SET id = 334 WHERE id = 100000",
+    ),
+    "moved far": ("UPDATE audit_events SET id = 100000 WHERE id = 333",),
+    "tail cut": ("DELETE FROM audit_events WHERE id = (SELECT MAX(id) FROM audit_events)",),
+}
+LONG_EDITS = {  # one batch longer than MAX_PENDING: hashed incrementally, a link checked first
+    "genuine": (),
+    "altered": ("UPDATE audit_events SET reason = 'x' WHERE id = 9000",),
+    "relinked and altered": (
+        "UPDATE audit_events SET reason = 'x' WHERE id = 5",
+        "UPDATE audit_events SET prev_hash = 'y' WHERE hash <> ''",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    root = tmp_path_factory.mktemp("runs")
+    paths = {"short": root / "short.db", "long": root / "long.db"}
+    fill(f"sqlite://{paths['short']}", 1_200, tx=100)  # 12 batches on 3 chains
+    fill(f"sqlite://{paths['long']}", MAX_PENDING + 808, tx=MAX_PENDING + 808, chains=1)
+    for path in paths.values():
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+    yield paths
+
+
+def _walks(path: Path) -> list[dict[str, Any]]:
+    store = open_store(f"sqlite://{path}")
+    try:
+        reports = [
+            verify_store(store, [], runs=False, page=7),
+            verify_store(store, [], page=7),
+            verify_store(store, [], page=97, split_min_rows=0),
+        ]
+    finally:
+        store.close()
+    out = []
+    for r in reports:
+        doc = r.to_json()
+        doc.pop("seconds")
+        doc.pop("records_per_second")
+        out.append(doc)
+    return out
+
+
+def _edited(bases: dict[str, Path], base: str, edits: tuple[str, ...], tmp_path: Path) -> Path:
+    path = tmp_path / "audit.db"
+    shutil.copy(bases[base], path)
+    if edits:
+        sqlite_exec(f"sqlite://{path}", *edits)
+    return path
+
+
+@pytest.mark.parametrize("case", list(EDITS))
+def test_the_run_walk_reports_what_the_row_walk_reports(case: str, bases: dict[str, Path], tmp_path: Path) -> None:
+    reference, runs, split = _walks(_edited(bases, "short", EDITS[case], tmp_path))
+    assert runs == reference
+    assert split == reference
+    assert reference["ok"] is (
+        case in ("genuine", "writer as its name", "fingerprint text", "seq real")
+    )  # same values read back
+
+
+@pytest.mark.parametrize("case", list(LONG_EDITS))
+def test_a_batch_longer_than_max_pending_is_judged_alike(case: str, bases: dict[str, Path], tmp_path: Path) -> None:
+    reference, runs, split = _walks(_edited(bases, "long", LONG_EDITS[case], tmp_path))
+    assert runs == reference
+    assert split == reference
+    assert reference["ok"] is (case == "genuine")
+    if case == "relinked and altered":
+        assert reference["first_break"]["kind"] == "inserted"
