@@ -48,6 +48,9 @@ def test_a_nul_byte_in_a_location_is_a_config_error(keystore_path: Path, kwargs:
         ("redis://:pw@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
         ("http://u:pw@[::1/x", "http://[::1/x"),  # unparsable: the userinfo is dropped whole
+        ("postgresql://app@db/x?sslmode=require&password=pw", "postgresql://app@db/x?sslmode=require&password=***"),
+        ("postgresql://app:a@db/x?PASSWD=b", "postgresql://app:***@db/x?PASSWD=***"),
+        ("sqlite:///tmp/audit.db", "sqlite:///tmp/audit.db"),
     ],
 )
 def test_redact(url: str, shown: str) -> None:

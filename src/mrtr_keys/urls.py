@@ -27,6 +27,7 @@ MIN_SECRET_CHARS = 3
 garble every message; such a password is no protection anyway)."""
 _secrets: frozenset[str] = frozenset()
 _secrets_lock = threading.Lock()
+_QUERY_PASSWORD = re.compile(r"(?i)((?:^|&)(?:password|passwd)=)[^&]*")
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*):[^\s/@]*@")
 
 
@@ -61,8 +62,8 @@ def scrub(text: str) -> str:
 
 
 def redact(url: str) -> str:
-    """`url` with any password (the part after ``:`` in ``USER:PASSWORD@``) replaced by ``***`` (and
-    its credentials remembered for `scrub`)."""
+    """`url` with any password (the part after ``:`` in ``USER:PASSWORD@``, and a ``password=`` query
+    parameter) replaced by ``***`` (and its credentials remembered for `scrub`)."""
     remember(url)
     try:
         parsed = urlparse(url)
@@ -70,8 +71,11 @@ def redact(url: str) -> str:
     except ValueError:  # an unparsable netloc (a bad port, an unclosed "["): show no userinfo at all
         head, sep, rest = url.partition("://")
         return head + sep + rest.rpartition("@")[2] if sep else url
+    in_query = bool(parsed.query) and _QUERY_PASSWORD.search(parsed.query) is not None
+    if in_query:  # libpq's ``?password=`` too
+        parsed = parsed._replace(query=_QUERY_PASSWORD.sub(r"\1***", parsed.query))
     if password is None:
-        return url
+        return urlunparse(parsed) if in_query else url
     netloc = parsed.netloc.replace(":" + password + "@", ":***@", 1)
     return urlunparse(parsed._replace(netloc=netloc))
 

@@ -124,6 +124,7 @@ def test_migrate_partitions_a_schema_3_store_keeping_every_event(postgres_url: s
     assert res.code == 0, res.err
     assert json.loads(res.out) | {"seconds": 0} == {
         "store": postgres_url,
+        "store_id": json.loads(cps.read_text())["store_id"],  # given on the first open; migrate keeps it
         "from": 3,
         "to": 4,
         "events": 4_000,

@@ -121,6 +121,8 @@ class Archiver:
     seconds: float = 0.0
     """Time spent building and publishing segments (the export part of the run)."""
     manifest: str | None = None
+    store_id: str | None = None
+    """The store's id (`mrtr_keys.audit.store_match`), recorded in the manifest beside its URL."""
     _chains: dict[str, _Chain] = field(default_factory=dict)
     _files: list[tuple[str, Path]] = field(default_factory=list)
     _staging: Path | None = None
@@ -246,6 +248,7 @@ class Archiver:
             "format": FORMAT,
             "run": self.run,
             "store": redact(self.store_url),
+            **({"store_id": self.store_id} if self.store_id else {}),
             "before": self.before,
             "columns": list(SQL_COLUMNS),
             "compression": "gzip",
@@ -325,7 +328,9 @@ def archive(
     run = time.strftime("%Y%m%dT%H%M%S", time.gmtime(moment)) + f".{int(moment % 1 * 1e6):06d}Z"
     previous = last_archive(docs)
     ref = None if previous is None else {k: previous.get(k) for k in ("location", "manifest", "sha256")}
-    archiver = Archiver(dest, run, before, store.url, ref, segment_records=segment_records)
+    archiver = Archiver(
+        dest, run, before, store.url, ref, segment_records=segment_records, store_id=getattr(store, "store_id", None)
+    )
     try:
         result = prune(store, before, docs, str(checkpoint_path), now=now, progress=progress, archive=archiver)
     finally:

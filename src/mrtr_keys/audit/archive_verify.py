@@ -334,7 +334,7 @@ def _start_at(walker: Walker, start: Start) -> None:
 def _cut_at(docs: Sequence[dict[str, Any]], writer: str, seq: int) -> Start | None:
     for doc in docs:
         if doc.get("kind") == PRUNE:
-            for cut in doc.get("cuts", []):
+            for cut in [*doc.get("cuts", []), *doc.get("carried", [])]:
                 if str(cut["writer"]) == writer and int(cut["seq"]) == seq:
                     return Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)
     return None

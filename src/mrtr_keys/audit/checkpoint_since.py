@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.store_match import stamp
 from mrtr_keys.audit.verify_stream import PRUNE
 
 OVERLAP = 50_000
@@ -34,7 +35,7 @@ def last_position(docs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 def make_checkpoint_since(
     store: Any, docs: Sequence[dict[str, Any]], *, now: float, full: bool = False
 ) -> dict[str, Any]:
-    """A checkpoint document of `store` (``time``, ``store``, ``heads``, ``position``,
+    """A checkpoint document of `store` (``time``, ``store``, ``store_id``, ``heads``, ``position``,
     ``read_from``): every chain's head, reading only the records after the last checkpoint in
     `docs` that has a position (all of them with `full` or when there is none).
 
@@ -56,10 +57,7 @@ def make_checkpoint_since(
                 heads[writer] = {"writer": writer, "seq": seq, "hash": r[_HASH], "time": r[_TIME]}
         position = max(position, int(rows[-1][0]))
         del rows
-    return {
-        "time": format_ts(now),
-        "store": store.url,
-        "heads": list(heads.values()),
-        "position": position,
-        "read_from": after,
-    }
+    doc = {"time": format_ts(now), "store": store.url}
+    stamp(doc, store)
+    doc.update({"heads": list(heads.values()), "position": position, "read_from": after})
+    return doc

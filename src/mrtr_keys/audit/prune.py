@@ -7,7 +7,8 @@
    stays always starts with a batch that links to the cut.
 2. **Record the cut.** A checkpoint document ``{"kind": "prune", "before": T, "cuts": [{writer,
    seq, hash, time}, ...]}`` is appended (and fsynced) to the checkpoint file before anything is
-   deleted: ``verify`` then starts each chain after its cut, so a later deletion that is not a
+   deleted (with the store id, and as ``carried`` the cuts of earlier prunes recorded without one, of
+   chains not cut now): ``verify`` then starts each chain after its cut, so a later deletion that is not a
    prune is still a gap, and an edit, insertion or reordering of the kept records still breaks
    their links.
 3. **Drop whole partitions.** On PostgreSQL (schema 4, partitioned by day) a day partition that ends
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 
 from mrtr_keys.audit.chain import append_checkpoint
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.store_match import stamp
 from mrtr_keys.audit.stores.hours import ODD, hour_of
 from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Walker, prune_starts
 from mrtr_keys.errors import AuditError, ConfigError
@@ -89,7 +91,8 @@ def prune(
 ) -> PruneResult:
     """Delete the records of `store` older than `before` (an event time string) chain by chain at
     batch boundaries, after appending the cut to `checkpoint_path` (see the module docstring).
-    `docs`: the checkpoint documents already written for this store (earlier prunes set where
+    `docs`: the checkpoint documents already written for this store (`mrtr_keys.audit.store_match`;
+    earlier prunes set where
     each chain's walk starts). `archive` (``audit archive``, `mrtr_keys.audit.archive`) is shown
     every verified page and, before the checkpoint is written, asked to seal what it kept: what it
     returns goes in the checkpoint as ``"archive"``; if it raises, nothing is written or deleted.
@@ -142,6 +145,10 @@ def prune(
             "heads": [],
             "cuts": result.cuts,
         }
+        stamp(doc, store)  # the store id: `verify` finds this cut however the store is named
+        carried = _carried(docs, store, walker.cuts)
+        if carried:
+            doc["carried"] = carried
         if archive is not None:
             doc["archive"] = archive.seal(result.cuts)
         append_checkpoint(checkpoint_path, doc)
@@ -154,6 +161,21 @@ def prune(
         recount(before, seen["newest"], seen["odd"])
     result.seconds = time.monotonic() - started
     return result
+
+
+def _carried(docs: Sequence[dict[str, Any]], store: Any, cut_now: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cuts of earlier prunes recorded without a store id (before store ids; matched by URL) of
+    chains this prune does not cut, recorded again under the store id so that `verify` still starts
+    those chains there when the store is named another way (`mrtr_keys.audit.store_match`)."""
+    if not getattr(store, "store_id", None):
+        return []
+    old, _ = prune_starts([d for d in docs if not d.get("store_id")])
+    new, _ = prune_starts([d for d in docs if d.get("store_id")])
+    return [
+        {"writer": w, "seq": s.seq, "hash": s.hash, "time": s.time}
+        for w, s in old.items()
+        if w not in cut_now and (w not in new or new[w].seq < s.seq)
+    ]
 
 
 def _drop_partitions(store: Any, before: str, limits: dict[str, int]) -> int:

@@ -33,6 +33,7 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
     from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import plural
     from mrtr_keys.audit.prune import prune, pruner_lock
+    from mrtr_keys.audit.store_match import checkpoints_of
     from mrtr_keys.audit.stores.url import open_store
     from mrtr_keys.errors import MrtrKeysError
     from mrtr_keys.urls import remember, scrub
@@ -56,7 +57,7 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
                 return {"ok": False, "skipped": True}
             store: Any = open_store(request["url"])
             try:
-                docs = [d for d in read_checkpoints(request["checkpoints"]) if d.get("store") in (None, store.url)]
+                docs = checkpoints_of(read_checkpoints(request["checkpoints"]), store).docs
                 result = prune(
                     store,
                     request["before"],

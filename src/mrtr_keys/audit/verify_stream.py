@@ -295,15 +295,16 @@ class Walker(RunWalk):
 
 
 def prune_starts(docs: Iterable[dict[str, Any]]) -> tuple[dict[str, Start], str | None]:
-    """Every chain's cut from the prune checkpoints in `docs` (the highest seq per chain), and the
-    newest prune's ``before`` time."""
+    """Every chain's cut from the prune checkpoints in `docs` (the highest seq per chain; ``cuts``,
+    and ``carried``: earlier cuts a prune recorded again under the store id, `mrtr_keys.audit.prune`),
+    and the newest prune's ``before`` time."""
     starts: dict[str, Start] = {}
     before: str | None = None
     for doc in docs:
         if doc.get("kind") != PRUNE:
             continue
         before = max(before or "", str(doc.get("before") or "")) or None
-        for cut in doc.get("cuts", []):
+        for cut in [*doc.get("cuts", []), *doc.get("carried", [])]:
             writer, seq = str(cut["writer"]), int(cut["seq"])
             if writer not in starts or seq > starts[writer].seq:
                 starts[writer] = Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)

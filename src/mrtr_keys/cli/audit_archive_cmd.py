@@ -55,7 +55,7 @@ def archive(
     progress = progress_lines("archive")
 
     try:
-        with locked_docs(path, store.url) as docs:
+        with locked_docs(path, store) as docs:
             result = archive_store(store, cutoff, docs, path, dest, progress=progress)
     finally:
         store.close()

@@ -298,15 +298,22 @@ def checkpoint(
     what was added since the last checkpoint in the file (--full: everything)."""
     from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
     from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
-    from mrtr_keys.cli.output import print_json, print_line, print_table
+    from mrtr_keys.audit.events import plural
+    from mrtr_keys.audit.store_match import checkpoints_of
+    from mrtr_keys.cli.output import error, print_json, print_line, print_table
 
     store = _open(audit, keystore_)
     path = checkpoints_option("checkpoint", checkpoints, old_to) or _default_checkpoints(keystore_)
     try:
-        docs = [d for d in read_checkpoints(path) if d.get("store") == store.url]
-        doc = make_checkpoint_since(store, docs, now=time.time(), full=full)
+        matched = checkpoints_of(read_checkpoints(path), store)
+        doc = make_checkpoint_since(store, matched.docs, now=time.time(), full=full)
     finally:
         store.close()
+    if matched.replaced:  # recorded all the same: the first checkpoint of a store made where another was
+        error(
+            f"warning: {path} records {store.url} only under {plural(len(matched.other_ids), 'other store id')}; "
+            f"this store's id is {doc.get('store_id')}: their checkpoints do not apply to it"
+        )
     append_checkpoint(path, doc)
     if json_:
         print_json({**doc, "written_to": str(path)})

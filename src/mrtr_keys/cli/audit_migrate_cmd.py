@@ -45,6 +45,7 @@ def migrate(keystore_: KeystoreOpt = None, audit: AuditOpt = None, json_: JsonOp
         print_json(
             {
                 "store": store.url,
+                "store_id": getattr(store, "store_id", None),
                 "from": old,
                 "to": new,
                 "events": events,

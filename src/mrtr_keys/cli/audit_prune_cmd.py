@@ -40,7 +40,7 @@ def prune(
     progress = progress_lines("prune")
 
     try:
-        with locked_docs(path, store.url) as docs:
+        with locked_docs(path, store) as docs:
             result = prune_store(store, cutoff, docs, str(path), progress=progress)
     finally:
         store.close()
@@ -82,14 +82,16 @@ def _refuse_inside_gate_window(cutoff: str, keystore_: str | None) -> None:
 
 
 @contextmanager
-def locked_docs(path: Path, store_url: str) -> Iterator[list[dict[str, Any]]]:
-    """Hold the checkpoint file's pruner lock and yield its documents for `store_url`.
+def locked_docs(path: Path, store: Any) -> Iterator[list[dict[str, Any]]]:
+    """Hold the checkpoint file's pruner lock and yield its documents for `store` (by store id, else
+    by URL: `mrtr_keys.audit.store_match`).
 
     Raises:
         AuditBusy: another prune or archive (or a sidecar's retention) holds the lock.
     """
     from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.prune import pruner_lock
+    from mrtr_keys.audit.store_match import checkpoints_of
     from mrtr_keys.errors import AuditBusy
 
     with pruner_lock(path) as held:
@@ -97,4 +99,4 @@ def locked_docs(path: Path, store_url: str) -> Iterator[list[dict[str, Any]]]:
             raise AuditBusy(
                 f"another prune or archive is using {path} (its .lock is held); nothing was changed, try again"
             )
-        yield [d for d in read_checkpoints(path) if d.get("store") in (None, store_url)]
+        yield checkpoints_of(read_checkpoints(path), store).docs

@@ -82,8 +82,9 @@ def verify(
     chain starts from the prune's recorded cut."""
     from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import parse_when
+    from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, replaced_message
     from mrtr_keys.audit.verify_stream import StreamReport, verify_store
-    from mrtr_keys.cli.output import print_json, print_line
+    from mrtr_keys.cli.output import error, print_json, print_line
 
     if from_archive is not None and since is not None:
         raise ConfigError(
@@ -99,7 +100,11 @@ def verify(
             raise ConfigError(f"--from-archive {from_archive}: no such directory")
     store = _open(audit, keystore_)
     cp_path = checkpoints or _default_checkpoints(keystore_)
-    docs = [d for d in read_checkpoints(cp_path) if d.get("store") in (None, store.url)]
+    matched = checkpoints_of(read_checkpoints(cp_path), store)
+    docs = matched.docs
+    note = by_url_note(matched, store)
+    if note is not None:
+        error(note)
     start = None if since is None else "last" if since.strip() == "last" else parse_when(since)
     progress = _Progress()
     report: StreamReport
@@ -123,8 +128,16 @@ def verify(
             f"verified (an interrupted audit archive run leaves such files; remove them when no run is going): "
             f"{shown}\n"
         )
+    replaced = replaced_message(store, matched) if matched.replaced else None
     if json_:
-        print_json(report.to_json())
+        out = report.to_json()
+        out.update(matched.to_json(getattr(store, "store_id", None)))
+        if replaced is not None:
+            out["ok"] = False
+            out["store_replaced"] = replaced
+        print_json(out)
+    elif replaced is not None:
+        print_line(f"BROKEN: store id: {replaced}")
     else:
         first = report.first
         origin = f" from the checkpoint of {report.since}" if report.since else ""
@@ -153,5 +166,5 @@ def verify(
             for b in report.breaks:
                 if b is not first:
                     print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
-    if not report.ok:
+    if not report.ok or replaced is not None:
         raise typer.Exit(1)

@@ -65,6 +65,13 @@ class AuditStore(Protocol):
         """The store's URL with any password removed."""
         ...
 
+    @property
+    def store_id(self) -> str | None:
+        """The store's random id, made with the store and kept in it (SQL stores: table
+        ``store_meta``); None for a JSON-lines log. Checkpoints are matched by it
+        (`mrtr_keys.audit.store_match`)."""
+        ...
+
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
         """Store rows (values in `SQL_COLUMNS` order, as `ChainWriter.link_values` makes them) in
         order, atomically (all or none).

@@ -29,6 +29,10 @@ from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 class JSONLStore:
     """The audit log in one JSON-lines file."""
 
+    store_id: str | None = None
+    """No store id (a text log has no place for one): its checkpoints match by URL
+    (`mrtr_keys.audit.store_match`)."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().absolute()
         self._lock = threading.Lock()

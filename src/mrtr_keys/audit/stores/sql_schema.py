@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 import threading
 from typing import Any
 
 from mrtr_keys.audit.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_MIGRATIONS
 from mrtr_keys.errors import AuditError, ConfigError
+
+STORE_META = "CREATE TABLE IF NOT EXISTS store_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+"""Facts about the store itself (``store_id``): not versioned, created on any open that lacks it."""
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class SchemaSteps:
@@ -18,6 +24,9 @@ class SchemaSteps:
     _lock: threading.RLock
     _conn: Any
     version: int
+    store_id: str | None = None
+    """The store's random id (`store_meta`), set on open; checkpoints are matched by it
+    (`mrtr_keys.audit.store_match`). A byte-for-byte copy of the store keeps it."""
 
     @property
     def url(self) -> str:
@@ -55,11 +64,29 @@ class SchemaSteps:
                     self._to_v4(cur)
                     cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (SCHEMA_VERSION,))  # noqa: S608
                 self._make_hours(cur)
+                self.store_id = self._store_id(cur)
                 self._conn.commit()
                 self.version = self._current_version(cur)
             except BaseException:
                 self._conn.rollback()
                 raise
+
+    def _store_id(self, cur: Any) -> str:
+        """The store id from ``store_meta``, made (32 random hex digits) if the store has none yet: a
+        new store, or one first opened by a mrtr-keys with store ids (inside the migration
+        transaction, under the schema lock, so processes opening the store together agree)."""
+        cur.execute(STORE_META)
+        p = self.PARAM
+        cur.execute(
+            f"INSERT INTO store_meta (name, value) SELECT {p}, {p} "  # noqa: S608 - fixed names
+            "WHERE NOT EXISTS (SELECT 1 FROM store_meta WHERE name = 'store_id')",
+            ("store_id", secrets.token_hex(16)),
+        )
+        cur.execute("SELECT value FROM store_meta WHERE name = 'store_id'")
+        value = str(cur.fetchone()[0])
+        if not _ID.fullmatch(value):  # it reaches messages and checkpoint files: never arbitrary text
+            raise AuditError(f"the audit store {self.url} has a malformed store id in store_meta")
+        return value
 
     @staticmethod
     def _current_version(cur: Any) -> int:
