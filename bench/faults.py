@@ -151,7 +151,7 @@ class Windows:
 
     def cpu_note(self) -> str:
         per = [self.cpu[i] / self.pairs[i] * 1e6 if self.pairs[i] else float("nan") for i in (0, 1)]
-        return f"sidecar CPU per /healthz+seal pair {per[0]:.0f} us healthy, {per[1]:.0f} us blackholed"
+        return f"sidecar CPU (with its children) per probe pair {per[0]:.0f} us healthy, {per[1]:.0f} us blackholed"
 
 
 def _pids(svc: object) -> Callable[[], list[int]]:
@@ -298,7 +298,7 @@ def _replay_rows(services: Services, settings: Settings, name: str, url: str, po
         stop_process(svc.proc)  # type: ignore[attr-defined]
     finally:
         proxy.close()
-    note = f"{len(refused)} unseals, slowest {max(refused, default=0):.2f} s (deadline 1 s)"
+    note = f"{len(refused)} unseals (their CPU counts in the blackholed windows), slowest {max(refused, default=0):.2f} s (deadline 1 s)"
     return _rows(f"{name} replay store", windows, note)
 
 
