@@ -298,7 +298,8 @@ def _replay_rows(services: Services, settings: Settings, name: str, url: str, po
         stop_process(svc.proc)  # type: ignore[attr-defined]
     finally:
         proxy.close()
-    note = f"{len(refused)} unseals (their CPU counts in the blackholed windows), slowest {max(refused, default=0):.2f} s (deadline 1 s)"
+    slowest = max(refused, default=0)
+    note = f"{len(refused)} unseals (their CPU is in the blackholed windows), slowest {slowest:.2f} s (deadline 1 s)"
     return _rows(f"{name} replay store", windows, note)
 
 
