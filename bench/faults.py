@@ -25,6 +25,7 @@ open, nothing answered.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -257,9 +259,36 @@ def _keystore_rows(services: Services, settings: Settings) -> list[Row]:
     return _rows("Vault KV keystore", windows, "ring watcher every 0.2 s")
 
 
+def _unseal_loader(base: str, secret: str, conn: Connection) -> None:
+    """In its own process (so that its threads never hold the probe's interpreter lock): for each list
+    of tokens received, `UNSEALERS` threads make single-use unseals of them until None arrives, then the
+    latencies (seconds) go back; False ends the process."""
+    conn.send(True)
+    while (tokens := conn.recv()) is not False:
+        stop = threading.Event()
+        refused: list[float] = []
+
+        def unseal(tokens: list[str] = tokens, stop: threading.Event = stop, refused: list[float] = refused) -> None:
+            with httpx.Client(base_url=base, timeout=30, headers={"authorization": f"Bearer {secret}"}) as c:
+                while not stop.is_set() and tokens:
+                    t = time.perf_counter()
+                    c.post("/v1/unseal", json={"audience": AUDIENCE, "token": tokens.pop()})
+                    refused.append(time.perf_counter() - t)
+
+        workers = [threading.Thread(target=unseal, daemon=True) for _ in range(UNSEALERS)]
+        for w in workers:
+            w.start()
+        conn.recv()
+        stop.set()
+        for w in workers:
+            w.join(10)
+        conn.send(refused)
+
+
 def _replay_rows(services: Services, settings: Settings, name: str, url: str, port: int) -> list[Row]:
     """A replay store blackholed while `UNSEALERS` clients keep making single-use unseals (each refused 503
-    after the store's 1 s deadline)."""
+    after the store's 1 s deadline), from a process of their own (as threads of this one they took the
+    probe's interpreter lock in the blackholed windows only)."""
     proxy = CountingProxy(port, http=False)
     try:
         svc, secret = _sidecar(services, services.workdir / f"faults-{name}", ["--replay-store", _through(url, proxy)])
@@ -272,29 +301,28 @@ def _replay_rows(services: Services, settings: Settings, name: str, url: str, po
                 batch = c.post("/v1/seal/batch", json={"items": [{"audience": AUDIENCE, "payload": "AA"}] * 200})
                 tokens += [item["token"] for item in batch.json()["results"]]
         refused: list[float] = []
+        ctx = multiprocessing.get_context("spawn")
+        conn, child_end = ctx.Pipe()
+        loader = ctx.Process(target=_unseal_loader, args=(base, secret, child_end), daemon=True)
+        loader.start()
+        conn.recv()  # imported and ready: its start-up is in no window
 
         def load() -> Callable[[], None]:
-            stop = threading.Event()
-
-            def unseal() -> None:
-                with httpx.Client(base_url=base, timeout=30, headers={"authorization": f"Bearer {secret}"}) as c:
-                    while not stop.is_set() and tokens:
-                        t = time.perf_counter()
-                        c.post("/v1/unseal", json={"audience": AUDIENCE, "token": tokens.pop()})
-                        refused.append(time.perf_counter() - t)
-
-            workers = [threading.Thread(target=unseal, daemon=True) for _ in range(UNSEALERS)]
-            for w in workers:
-                w.start()
+            share = tokens[-int(UNSEALERS * (seconds + 2)) :]
+            del tokens[-len(share) :]
+            conn.send(share)
 
             def end() -> None:
-                stop.set()
-                for w in workers:
-                    w.join(10)
+                conn.send(None)
+                refused.extend(conn.recv())
 
             return end
 
-        windows = _alternate(base, secret, settings, proxy, _pids(svc), load)
+        try:
+            windows = _alternate(base, secret, settings, proxy, _pids(svc), load)
+        finally:
+            conn.send(False)
+            loader.join(10)
         stop_process(svc.proc)  # type: ignore[attr-defined]
     finally:
         proxy.close()
