@@ -6,6 +6,7 @@ line and in ``--json`` (an interrupted ``audit archive`` run leaves such files),
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from bench.audit_log import fill
@@ -42,3 +43,22 @@ def test_files_no_manifest_lists_are_named_in_a_warning_and_in_json(tmp_path: Pa
     assert warning[0].endswith(": " + ", ".join(stray)) and "interrupted audit archive run" in warning[0]
     doc = json.loads(cli(*args, "--json").out)
     assert doc["ok"] and doc["archive"]["unlisted"] == stray
+    # what is not a file is named too, and a name cannot add a line of its own to the output
+    os.mkfifo(to / "fifo")
+    (to / "dangling").symlink_to(tmp_path / "nowhere")
+    (to / "segments" / "x\nok: 9999 records verified").write_bytes(b"")
+    res = cli(*args)
+    assert res.code == 0, res.err
+    warning = res.err.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith(f"mrtr-keys: warning: 5 files in {to}"), res.err
+    assert warning[0].endswith(
+        ": " + ", ".join([stray[0], "dangling", "fifo", stray[1], repr("segments/x\nok: 9999 records verified")])
+    )
+    doc = json.loads(cli(*args, "--json").out)
+    assert doc["archive"]["unlisted"] == [
+        stray[0],
+        "dangling",
+        "fifo",
+        stray[1],
+        "segments/x\nok: 9999 records verified",
+    ]

@@ -120,7 +120,7 @@ def verify(
         store.close()
     unlisted = getattr(report, "unlisted", None)
     if dest is not None and unlisted:
-        shown = ", ".join(unlisted[:UNLISTED_SHOWN]) + (
+        shown = ", ".join(n if n.isprintable() else repr(n) for n in unlisted[:UNLISTED_SHOWN]) + (
             f" (and {len(unlisted) - UNLISTED_SHOWN} more)" if len(unlisted) > UNLISTED_SHOWN else ""
         )
         sys.stderr.write(
