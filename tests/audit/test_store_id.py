@@ -86,8 +86,8 @@ def test_a_postgres_store_named_with_a_password_and_by_localhost_verifies_after_
 def test_a_checkpoint_file_shared_by_two_stores_applies_each_stores_records_to_it_only(tmp_path: Path) -> None:
     first, second = f"sqlite://{tmp_path}/one/audit.db", f"sqlite://{tmp_path}/two/audit.db"
     cps = tmp_path / "shared.jsonl"
-    for url in (first, second):
-        fill(url, EVENTS, tx=TX)
+    for url, host in ((first, "one-host"), (second, "two-host")):  # a writer's name is its process's
+        fill(url, EVENTS, tx=TX, host=host)
         _prune(url, cps)
     ids = [r["store_id"] for r in _records(cps)]
     assert len(set(ids)) == 2
@@ -97,7 +97,7 @@ def test_a_checkpoint_file_shared_by_two_stores_applies_each_stores_records_to_i
     # a new store where the first one was: the first store's cut is never applied to it, and verify
     # says so (a writer rewriting the store's id must not silently drop the anchors)
     (tmp_path / "one" / "audit.db").rename(tmp_path / "first-moved.db")
-    fill(first, EVENTS, tx=TX)
+    fill(first, EVENTS, tx=TX, host="new-host")
     res = cli("audit", "verify", "--audit", first, "--checkpoints", str(cps))
     assert res.code == 1 and res.out.startswith("BROKEN: store id:") and str(ids[0]) in res.out, res.out
     # the moved store keeps its cut; the new one, once checkpointed under its own id, verifies
@@ -140,3 +140,31 @@ def test_an_old_checkpoint_record_without_a_store_id_still_works(
     monkeypatch.chdir(tmp_path / "elsewhere")
     doc, err = _verify("sqlite:../audit.db", cps)  # another spelling: the id-less records do not match it
     assert doc["ok"] and doc["checkpoints_by_url"] == 0 and doc["checkpoints_by_id"] == 2, (doc, err)
+
+
+def test_a_rewritten_store_id_and_a_cut_tail_are_caught_however_the_store_is_named(tmp_path: Path) -> None:
+    """The attack the store id must not open: rewrite the id so that no checkpoint applies, cut the
+    newest records. Caught by the chains the old records name (a writer's name is unique to its
+    process and store), not only when the URL is spelled as in the file, and the runbook's next
+    ``audit checkpoint`` refuses to record the cut heads under the new id."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    url, other = f"sqlite://{tmp_path}/data/audit.db", f"sqlite://{tmp_path}/link/audit.db"
+    cps = tmp_path / "cp.jsonl"
+    fill(url, 600, tx=100)
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
+    sqlite_exec(
+        url,
+        "UPDATE store_meta SET value = '0123456789abcdef0123456789abcdef' WHERE name = 'store_id'",
+        "DELETE FROM audit_events WHERE id > (SELECT MAX(id) - 100 FROM audit_events)",
+    )
+    for name in (url, other):
+        res = cli("audit", "verify", "--audit", name, "--checkpoints", str(cps))
+        assert res.code == 1 and res.out.startswith("BROKEN: store id: the checkpoint file records "), res.out
+        assert "this store's id is 0123456789abcdef0123456789abcdef: " in res.out and "rewritten" in res.out
+        res = cli("audit", "checkpoint", "--audit", name, "--checkpoints", str(cps))
+        assert res.code == 1 and res.err.startswith("mrtr-keys: checkpoint not recorded: the checkpoint file"), res.err
+        assert len(res.err.strip().splitlines()) == 1
+    assert len(_records(cps)) == 1
+    doc, _ = _verify(other, cps)
+    assert not doc["ok"] and "its id was rewritten" in str(doc["store_replaced"])

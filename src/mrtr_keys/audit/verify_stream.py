@@ -67,6 +67,8 @@ class StreamReport(VerifyReport):
     pruned_before: str | None = None
     """The newest prune's cut-off time, if the store was pruned."""
     seconds: float = 0.0
+    writers: set[str] = field(default_factory=set)
+    """The chains the walk found records of (`mrtr_keys.audit.store_match.id_break`; not in `to_json`)."""
 
     def to_json(self) -> dict[str, Any]:
         rate = self.records / self.seconds if self.seconds > 0 else None
@@ -277,7 +279,8 @@ class Walker(RunWalk):
                 )
                 report.breaks.append(Break("truncated", c.writer, first[0], first[13], first[1], detail))
                 c.brk = ["truncated"]
-        report.chains = sum(1 for c in self._chains.values() if c.expected > c.start + 1 or c.brk is not None)
+        report.writers = {c.writer for c in self._chains.values() if c.expected > c.start + 1 or c.brk is not None}
+        report.chains = len(report.writers)
         for doc, head in heads:
             report.checkpoints_checked += 1
             writer, seq = str(head["writer"]), int(head["seq"])

@@ -82,7 +82,7 @@ def verify(
     chain starts from the prune's recorded cut."""
     from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import parse_when
-    from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, replaced_message
+    from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, id_break
     from mrtr_keys.audit.verify_stream import StreamReport, verify_store
     from mrtr_keys.cli.output import error, print_json, print_line
 
@@ -128,7 +128,7 @@ def verify(
             f"verified (an interrupted audit archive run leaves such files; remove them when no run is going): "
             f"{shown}\n"
         )
-    replaced = replaced_message(store, matched) if matched.replaced else None
+    replaced = id_break(store, matched, report.writers)
     if json_:
         out = report.to_json()
         out.update(matched.to_json(getattr(store, "store_id", None)))
