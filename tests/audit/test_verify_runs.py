@@ -159,3 +159,34 @@ def test_rows_pruned_while_the_split_walk_reads_them_are_a_retry_not_a_crash(tmp
     finally:
         store.close()
     assert pruned == [100]
+
+
+def test_a_reading_child_killed_midway_is_an_outage_to_retry_not_a_broken_chain(tmp_path: Path) -> None:
+    """A child killed while verify runs (the OOM killer, an operator) is exit 75 (AuditUnavailable:
+    run again), not exit 1, which the runbook keeps for a broken chain."""
+    import multiprocessing
+    import os
+    import signal
+
+    from mrtr_keys.errors import AuditError, AuditUnavailable
+
+    path = tmp_path / "audit.db"
+    fill(f"sqlite://{path}", 2_000, tx=100, chains=1)  # 4 pages of 500 rows, each more than a pipe holds
+    before = set(multiprocessing.active_children())
+    killed: list[int] = []
+
+    def progress(records: int, seconds: float) -> None:
+        if not killed:  # both children are blocked sending their next page: neither has finished
+            for child in set(multiprocessing.active_children()) - before:
+                os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                killed.append(child.pid)  # type: ignore[arg-type]
+
+    store = open_store(f"sqlite://{path}")
+    try:
+        with pytest.raises(AuditError) as info:
+            verify_store(store, [], page=500, split_min_rows=0, progress=progress)
+    finally:
+        store.close()
+    assert len(killed) == 2
+    assert isinstance(info.value, AuditUnavailable) and info.value.exit_code == 75
+    assert str(info.value) == "audit verify: a reading process ended early (killed?): run verify again"
