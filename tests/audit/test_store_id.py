@@ -168,3 +168,16 @@ def test_a_rewritten_store_id_and_a_cut_tail_are_caught_however_the_store_is_nam
     assert len(_records(cps)) == 1
     doc, _ = _verify(other, cps)
     assert not doc["ok"] and "its id was rewritten" in str(doc["store_replaced"])
+
+
+def test_verify_with_another_checkpoint_file_than_the_prunes_says_where_to_look(tmp_path: Path) -> None:
+    """A new user's first slip: prune with --checkpoints FILE, verify without it. The chains then
+    start past seq 1 with nothing to say why; the break says which option is missing."""
+    url = f"sqlite://{tmp_path}/audit.db"
+    fill(url, EVENTS, tx=TX)
+    _prune(url, tmp_path / "cp.jsonl")
+    res = cli("audit", "verify", "--audit", url, "--checkpoints", str(tmp_path / "other.jsonl"))
+    assert res.code == 1 and res.out.startswith("BROKEN: deleted record"), res.out
+    assert res.out.splitlines()[0].endswith(
+        "; if a prune cut them, it recorded that in another checkpoint file: --checkpoints)"
+    ), res.out

@@ -249,7 +249,8 @@ class Walker(RunWalk):
         what = f"record seq {lo} is missing" if seq - lo == 1 else f"records seq {lo}..{seq - 1} are missing"
         if lo == c.start + 1 and c.start:
             what += f" (after the chain's trusted start at seq {c.start}; not removed by a prune)"
-        c.brk = ["deleted", row[0], seq, row[1], f"{what} (before seq {seq})"]
+        hint = "; if a prune cut them, it recorded that in another checkpoint file: --checkpoints" if lo == 1 else ""
+        c.brk = ["deleted", row[0], seq, row[1], f"{what} (before seq {seq}{hint})"]
 
     def broken(self) -> list[Break]:
         """The breaks found so far (chains whose walk stopped), without closing the walk."""
