@@ -181,3 +181,23 @@ def test_verify_with_another_checkpoint_file_than_the_prunes_says_where_to_look(
     assert res.out.splitlines()[0].endswith(
         "; if a prune cut them, it recorded that in another checkpoint file: --checkpoints)"
     ), res.out
+
+
+def test_a_hand_edited_checkpoint_record_is_a_one_line_usage_error_not_an_internal_error(tmp_path: Path) -> None:
+    url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
+    fill(url, 300, tx=100)
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
+    good = cps.read_text()
+    head = _records(cps)[0]["heads"][0]  # type: ignore[index]
+    for bad in (
+        {"heads": [{"writer": head["writer"]}]},  # no seq (was KeyError)
+        {"heads": [{**head, "seq": 1e999}]},  # (was OverflowError)
+        {"heads": [{**head, "seq": "12"}]},
+        {"heads": [], "kind": "prune", "cuts": [{**head, "hash": None}]},
+        {"heads": [], "store_id": 123},
+    ):
+        cps.write_text(good + json.dumps({"time": "2026-01-01T00:00:00.000000Z", **bad}) + "\n")
+        res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps))
+        assert res.code == 2 and res.out == "", (bad, res.code, res.out, res.err)
+        why = "a head or cut without a writer, seq and hash, or a store_id not text"
+        assert res.err.strip().splitlines() == [f"mrtr-keys: {cps}:2: not a checkpoint ({why})"]
