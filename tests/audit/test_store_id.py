@@ -201,3 +201,16 @@ def test_a_hand_edited_checkpoint_record_is_a_one_line_usage_error_not_an_intern
         assert res.code == 2 and res.out == "", (bad, res.code, res.out, res.err)
         why = "a head or cut without a writer, seq and hash, or a store_id not text"
         assert res.err.strip().splitlines() == [f"mrtr-keys: {cps}:2: not a checkpoint ({why})"]
+
+
+def test_an_export_of_the_store_verifies_beside_its_checkpoint_file(tmp_path: Path) -> None:
+    """An export (a JSON-lines log, which has no store id) holds the store's chains: the records of
+    the store's id name them, and that is no sign of a rewritten id."""
+    url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
+    fill(url, 300, tx=100)
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
+    res = cli("audit", "export", "--audit", url)
+    assert res.code == 0, res.err
+    (tmp_path / "export.jsonl").write_text(res.out)
+    res = cli("audit", "verify", "--audit", f"jsonl://{tmp_path}/export.jsonl", "--checkpoints", str(cps))
+    assert res.code == 0 and res.out.startswith("ok: 300 records in 3 chains verified"), res.out + res.err

@@ -43,6 +43,8 @@ class Matched:
     """Records without a store id, matched by the exact URL (written before store ids)."""
     other_ids: list[str] = field(default_factory=list)
     """Ids of other stores that have records under this store's URL (never applied)."""
+    own: str | None = None
+    """The store's id (None: it has none)."""
     chains: dict[str, str] = field(default_factory=dict)
     """writer -> the other store id whose records (heads, cuts) name that chain (any URL)."""
 
@@ -52,7 +54,11 @@ class Matched:
         return bool(self.other_ids) and self.by_id == 0
 
     def claimed(self, writers: Iterable[str]) -> list[str]:
-        """Other store ids whose records name one of `writers` (chains this store holds), sorted."""
+        """Other store ids whose records name one of `writers` (chains this store holds), sorted;
+        none for a store without an id (a JSON-lines log, such as an ``audit export`` of a store:
+        it holds that store's chains and is matched by URL)."""
+        if not self.own:
+            return []
         return sorted({self.chains[w] for w in writers if w in self.chains})
 
     def to_json(self, store_id: str | None) -> dict[str, Any]:
@@ -69,7 +75,7 @@ def checkpoints_of(docs: Iterable[dict[str, Any]], store: Any) -> Matched:
     ``store_id`` (None for a store without one)."""
     own = getattr(store, "store_id", None)
     url = store.url
-    m = Matched()
+    m = Matched(own=own if isinstance(own, str) and own else None)
     for d in docs:
         sid = d.get(STORE_ID)
         if isinstance(sid, str) and sid:
