@@ -95,7 +95,7 @@ class RunWalk:
             AuditUnavailable: they are no longer all there (removed since they were rendered: the
                 rows read for the text and the rows read again are two reads of a live store).
         """
-        rows = self._view.rows(lo, hi)
+        rows: list[Any] = self._view.rows(lo, hi)
         if (len(rows) != n) if exact else not rows:
             raise _changed(lo, hi)
         return rows
