@@ -295,7 +295,8 @@ def checkpoint(
     json_: JsonOpt = False,
 ) -> None:
     """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail; reads only
-    what was added since the last checkpoint in the file (--full: everything)."""
+    what was added since the last checkpoint in the file (--full: everything). Refuses (exit 1) when the
+    file records this store's chains under another store id (its id was rewritten)."""
     from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
     from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
     from mrtr_keys.audit.events import plural

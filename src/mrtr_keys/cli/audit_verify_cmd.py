@@ -76,7 +76,8 @@ def verify(
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break.
+    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break, 75 when the
+    store or archive cannot be read now or a prune ran meanwhile (run it again), 2 for a bad option.
 
     Reads the store in bounded pages (memory does not grow with the log). After `audit prune`, each
     chain starts from the prune's recorded cut."""
