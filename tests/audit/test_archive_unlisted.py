@@ -23,7 +23,7 @@ def test_verify_from_an_archive_directory_that_does_not_exist_is_exit_2(tmp_path
     (tmp_path / "a-file").write_text("")
     res = cli("audit", "verify", "--audit", url, "--from-archive", str(tmp_path / "a-file"))
     assert res.code == 2 and res.err.strip().splitlines() == [
-        f"mrtr-keys: --from-archive {tmp_path / 'a-file'}: not a directory"
+        f"mrtr-keys: {tmp_path / 'a-file'}: not a directory"
     ], res.err
 
 

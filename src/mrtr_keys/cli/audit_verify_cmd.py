@@ -98,7 +98,7 @@ def verify(
         dest = open_destination(from_archive)
         root = getattr(dest, "root", None)  # a directory (an s3:// location has no such test)
         if root is not None and not root.is_dir():
-            raise ConfigError(f"--from-archive {from_archive}: {'not a' if root.exists() else 'no such'} directory")
+            raise ConfigError(f"--from-archive {from_archive}: no such directory")
     store = _open(audit, keystore_)
     cp_path = checkpoints or _default_checkpoints(keystore_)
     matched = checkpoints_of(read_checkpoints(cp_path), store)
