@@ -117,6 +117,7 @@ def replaced_message(store: Any, m: Matched) -> str:
 def id_break(store: Any, m: Matched, writers: Iterable[str]) -> str | None:
     """The one line saying why the store's id does not match its checkpoint file (`writers`: the
     chains the store holds), or None: see the module docstring."""
+    writers = list(writers)
     if m.replaced:
         return replaced_message(store, m)
     claimed = m.claimed(writers)
