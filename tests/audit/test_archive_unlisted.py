@@ -22,9 +22,9 @@ def test_verify_from_an_archive_directory_that_does_not_exist_is_exit_2(tmp_path
     assert res.err.strip().splitlines() == [f"mrtr-keys: --from-archive {missing}: no such directory"]
     (tmp_path / "a-file").write_text("")
     res = cli("audit", "verify", "--audit", url, "--from-archive", str(tmp_path / "a-file"))
-    assert res.code == 2 and res.err.strip().splitlines() == [
-        f"mrtr-keys: {tmp_path / 'a-file'}: not a directory"
-    ], res.err
+    assert res.code == 2 and res.err.strip().splitlines() == [f"mrtr-keys: {tmp_path / 'a-file'}: not a directory"], (
+        res.err
+    )
 
 
 def test_files_no_manifest_lists_are_named_in_a_warning_and_in_json(tmp_path: Path) -> None:
