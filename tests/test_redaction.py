@@ -134,3 +134,29 @@ def test_a_sidecar_whose_stores_are_down_shows_no_password_anywhere(
 def _descendants(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [int(c) for child in children for c in (child, *map(str, _descendants(int(child))))]
+
+
+def test_a_checkpoint_record_carries_no_password_however_the_query_spells_its_name(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """libpq decodes a query parameter's name too, so ``?pass%77ord=`` is its password: the URL a
+    checkpoint records (``store``) must not keep it (it is written to a file, not scrubbed)."""
+    cps = tmp_path / "cp.jsonl"
+    url = postgres_url + "?application_name=mrtr&pass%77ord=Enc0ded-pw%21"  # trust auth: not checked
+    res = cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps), "--json")
+    assert res.code == 0, res.err
+    for text in (cps.read_text(), res.out, res.err):
+        _secret_free(text, "Enc0ded-pw%21", "Enc0ded-pw!")
+    assert '"store":"' + postgres_url + '?application_name=mrtr&pass%77ord=***"' in cps.read_text()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://127.0.0.1:1/audit?password=Raw-pw%46x",  # scrubbed as written, not only decoded
+        "postgresql://mrtr@[::1/audit?password=Raw-pw%46x",  # a netloc urlparse refuses
+    ],
+)
+def test_a_percent_encoded_query_password_is_redacted_as_written(url: str) -> None:
+    assert "Raw-pw" not in redact(url) and "password=***" in redact(url)
+    assert "Raw-pw" not in scrub(f"cannot connect to {url}: Raw-pw%46x / Raw-pwFx")

@@ -27,7 +27,9 @@ MIN_SECRET_CHARS = 3
 garble every message; such a password is no protection anyway)."""
 _secrets: frozenset[str] = frozenset()
 _secrets_lock = threading.Lock()
-_QUERY_PASSWORD = re.compile(r"(?i)((?:^|&)(?:password|passwd)=)[^&]*")
+_PASSWORD_KEYS = ("password", "passwd")
+"""Query parameters holding a password, compared percent-decoded and in any case (libpq decodes a
+parameter's name too: ``?pass%77ord=`` is its ``password``)."""
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*):[^\s/@]*@")
 
 
@@ -44,7 +46,8 @@ def remember(url: str) -> None:
         password = userinfo.partition(":")[2]
         found += [userinfo, password] if password else []
     query = url.partition("?")[2]
-    found += [v for k, v in parse_qsl(query, keep_blank_values=True) if k.lower() in ("password", "passwd")]
+    found += [v for k, v in parse_qsl(query, keep_blank_values=True) if k.lower() in _PASSWORD_KEYS]
+    found += [v for k, v in _params(query) if unquote(k).lower() in _PASSWORD_KEYS]  # as written: "%46" too
     new = {form for s in found for form in (s, unquote(s)) if len(form) >= MIN_SECRET_CHARS} - _secrets
     if new:
         with _secrets_lock:
@@ -70,14 +73,34 @@ def redact(url: str) -> str:
         password = parsed.password
     except ValueError:  # an unparsable netloc (a bad port, an unclosed "["): show no userinfo at all
         head, sep, rest = url.partition("://")
-        return head + sep + rest.rpartition("@")[2] if sep else url
-    in_query = bool(parsed.query) and _QUERY_PASSWORD.search(parsed.query) is not None
+        if not sep:
+            return url
+        base, mark, query = rest.rpartition("@")[2].partition("?")
+        return head + sep + base + mark + _redact_query(query)
+    query = _redact_query(parsed.query)
+    in_query = query != parsed.query
     if in_query:  # libpq's ``?password=`` too
-        parsed = parsed._replace(query=_QUERY_PASSWORD.sub(r"\1***", parsed.query))
+        parsed = parsed._replace(query=query)
     if password is None:
         return urlunparse(parsed) if in_query else url
     netloc = parsed.netloc.replace(":" + password + "@", ":***@", 1)
     return urlunparse(parsed._replace(netloc=netloc))
+
+
+def _params(query: str) -> list[tuple[str, str]]:
+    """``(name, value)`` of each ``name=value`` of `query`, as written (not decoded)."""
+    return [(k, v) for k, eq, v in (part.partition("=") for part in query.split("&")) if eq]
+
+
+def _redact_query(query: str) -> str:
+    """`query` with the value of each password parameter (`_PASSWORD_KEYS`) replaced by ``***``."""
+    if "=" not in query:
+        return query
+    parts = []
+    for part in query.split("&"):
+        key, eq, _ = part.partition("=")
+        parts.append(key + "=***" if eq and unquote(key).lower() in _PASSWORD_KEYS else part)
+    return "&".join(parts)
 
 
 def refuse_nul(text: str, what: str) -> None:

@@ -6,6 +6,7 @@ line and in ``--json`` (an interrupted ``audit archive`` run leaves such files),
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from bench.audit_log import fill
@@ -19,6 +20,11 @@ def test_verify_from_an_archive_directory_that_does_not_exist_is_exit_2(tmp_path
     assert res.code == 2 and res.out == "", (res.code, res.out, res.err)
     missing = tmp_path / "no-such-archive"
     assert res.err.strip().splitlines() == [f"mrtr-keys: --from-archive {missing}: no such directory"]
+    (tmp_path / "a-file").write_text("")
+    res = cli("audit", "verify", "--audit", url, "--from-archive", str(tmp_path / "a-file"))
+    assert res.code == 2 and res.err.strip().splitlines() == [f"mrtr-keys: {tmp_path / 'a-file'}: not a directory"], (
+        res.err
+    )
 
 
 def test_files_no_manifest_lists_are_named_in_a_warning_and_in_json(tmp_path: Path) -> None:
@@ -42,3 +48,22 @@ def test_files_no_manifest_lists_are_named_in_a_warning_and_in_json(tmp_path: Pa
     assert warning[0].endswith(": " + ", ".join(stray)) and "interrupted audit archive run" in warning[0]
     doc = json.loads(cli(*args, "--json").out)
     assert doc["ok"] and doc["archive"]["unlisted"] == stray
+    # what is not a file is named too, and a name cannot add a line of its own to the output
+    os.mkfifo(to / "fifo")
+    (to / "dangling").symlink_to(tmp_path / "nowhere")
+    (to / "segments" / "x\nok: 9999 records verified").write_bytes(b"")
+    res = cli(*args)
+    assert res.code == 0, res.err
+    warning = res.err.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith(f"mrtr-keys: warning: 5 files in {to}"), res.err
+    assert warning[0].endswith(
+        ": " + ", ".join([stray[0], "dangling", "fifo", stray[1], repr("segments/x\nok: 9999 records verified")])
+    )
+    doc = json.loads(cli(*args, "--json").out)
+    assert doc["archive"]["unlisted"] == [
+        stray[0],
+        "dangling",
+        "fifo",
+        stray[1],
+        "segments/x\nok: 9999 records verified",
+    ]

@@ -11,6 +11,7 @@ archives); here it is checked once more beside the outage, on the same command.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,30 @@ def test_an_unreachable_s3_archive_exits_75_and_a_broken_chain_1(
     sqlite_exec(url, "UPDATE audit_events SET reason = 'innocent' WHERE id = 300")
     res = cli("audit", "verify", "--audit", url, "--checkpoints", cps, "--json")
     assert res.code == 1 and json.loads(res.out)["first_break"]["kind"] == "altered", res.err
+
+
+def test_verify_beside_a_running_prune_is_a_retry_not_a_broken_chain(tmp_path: Path) -> None:
+    """A prune records its cut, then deletes: a verify reading meanwhile sees rows at or before the
+    cut (``inserted``) or a gap (``deleted``). While the prune holds its lock, or once it has
+    recorded a cut verify had not read, that is exit 75 (run again), not exit 1 (tampering); a
+    prune that was really interrupted (the lock free) is still exit 1, as documented."""
+    from mrtr_keys.audit.prune import pruner_lock
+
+    (tmp_path / "copy").mkdir()
+    url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
+    fill(url, 1_200, tx=100)
+    shutil.copy(tmp_path / "audit.db", tmp_path / "copy" / "audit.db")  # same store id: its cut applies
+    res = cli("audit", "prune", "--before", "30d", "--audit", f"sqlite://{tmp_path}/copy/audit.db",
+              "--checkpoints", str(cps))  # fmt: skip
+    assert res.code == 0, res.err
+    args = ("audit", "verify", "--audit", url, "--checkpoints", str(cps))
+    with pruner_lock(cps) as held:  # the state of the store while that prune deletes
+        assert held
+        res = cli(*args)
+    assert res.code == 75 and res.out == "", (res.code, res.out, res.err)
+    assert res.err.strip().splitlines() == [
+        f"mrtr-keys: audit verify: a prune or archive of {cps} ran while verify read the store, so what it found "
+        "(inserted) may be that prune's doing: run verify again when it has finished"
+    ]
+    res = cli(*args)
+    assert res.code == 1 and res.out.startswith("BROKEN: inserted record") and "run audit prune again" in res.out

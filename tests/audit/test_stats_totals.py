@@ -101,3 +101,19 @@ def test_an_existing_store_is_counted_by_scanning_until_migrate_builds_its_total
     _check(url)
     res = cli("audit", "migrate", "--audit", url)
     assert res.code == 2 and "nothing to migrate" in res.err, res.err
+
+
+def test_an_edit_of_the_totals_is_not_seen_by_verify_and_the_documented_rebuild_repairs_them(tmp_path: Path) -> None:
+    """docs/audit.md: the totals are outside the hash chains (``verify`` passes over an edit of
+    them); dropping both tables and running ``audit migrate`` counts every event again."""
+    url = f"sqlite://{tmp_path}/audit.db"
+    fill(url, 600, tx=100)
+    true = _counted(url, "op")
+    sqlite_exec(url, "UPDATE audit_hours SET n = n + 1000 WHERE rowid = (SELECT MIN(rowid) FROM audit_hours)")
+    assert sum(_stats(url, "op").values()) == sum(true.values()) + 1_000
+    res = cli("audit", "verify", "--audit", url, "--checkpoints", str(tmp_path / "cp.jsonl"))
+    assert res.code == 0 and res.out.startswith("ok: 600 records"), res.out + res.err
+    sqlite_exec(url, "DROP TABLE audit_hours", "DROP TABLE audit_hours_from")
+    res = cli("audit", "migrate", "--audit", url, "--json")
+    assert res.code == 0 and json.loads(res.out)["counted"] == 600, res.err
+    assert _stats(url, "op") == true

@@ -86,8 +86,8 @@ def test_a_postgres_store_named_with_a_password_and_by_localhost_verifies_after_
 def test_a_checkpoint_file_shared_by_two_stores_applies_each_stores_records_to_it_only(tmp_path: Path) -> None:
     first, second = f"sqlite://{tmp_path}/one/audit.db", f"sqlite://{tmp_path}/two/audit.db"
     cps = tmp_path / "shared.jsonl"
-    for url in (first, second):
-        fill(url, EVENTS, tx=TX)
+    for url, host in ((first, "one-host"), (second, "two-host")):  # a writer's name is its process's
+        fill(url, EVENTS, tx=TX, host=host)
         _prune(url, cps)
     ids = [r["store_id"] for r in _records(cps)]
     assert len(set(ids)) == 2
@@ -97,7 +97,7 @@ def test_a_checkpoint_file_shared_by_two_stores_applies_each_stores_records_to_i
     # a new store where the first one was: the first store's cut is never applied to it, and verify
     # says so (a writer rewriting the store's id must not silently drop the anchors)
     (tmp_path / "one" / "audit.db").rename(tmp_path / "first-moved.db")
-    fill(first, EVENTS, tx=TX)
+    fill(first, EVENTS, tx=TX, host="new-host")
     res = cli("audit", "verify", "--audit", first, "--checkpoints", str(cps))
     assert res.code == 1 and res.out.startswith("BROKEN: store id:") and str(ids[0]) in res.out, res.out
     # the moved store keeps its cut; the new one, once checkpointed under its own id, verifies
@@ -140,3 +140,77 @@ def test_an_old_checkpoint_record_without_a_store_id_still_works(
     monkeypatch.chdir(tmp_path / "elsewhere")
     doc, err = _verify("sqlite:../audit.db", cps)  # another spelling: the id-less records do not match it
     assert doc["ok"] and doc["checkpoints_by_url"] == 0 and doc["checkpoints_by_id"] == 2, (doc, err)
+
+
+def test_a_rewritten_store_id_and_a_cut_tail_are_caught_however_the_store_is_named(tmp_path: Path) -> None:
+    """The attack the store id must not open: rewrite the id so that no checkpoint applies, cut the
+    newest records. Caught by the chains the old records name (a writer's name is unique to its
+    process and store), not only when the URL is spelled as in the file, and the runbook's next
+    ``audit checkpoint`` refuses to record the cut heads under the new id."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    url, other = f"sqlite://{tmp_path}/data/audit.db", f"sqlite://{tmp_path}/link/audit.db"
+    cps = tmp_path / "cp.jsonl"
+    fill(url, 600, tx=100)
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
+    sqlite_exec(
+        url,
+        "UPDATE store_meta SET value = '0123456789abcdef0123456789abcdef' WHERE name = 'store_id'",
+        "DELETE FROM audit_events WHERE id > (SELECT MAX(id) - 100 FROM audit_events)",
+    )
+    for name in (url, other):
+        res = cli("audit", "verify", "--audit", name, "--checkpoints", str(cps))
+        assert res.code == 1 and res.out.startswith("BROKEN: store id: the checkpoint file records "), res.out
+        assert "this store's id is 0123456789abcdef0123456789abcdef: " in res.out and "rewritten" in res.out
+        res = cli("audit", "checkpoint", "--audit", name, "--checkpoints", str(cps))
+        assert res.code == 1 and res.err.startswith("mrtr-keys: checkpoint not recorded: the checkpoint file"), res.err
+        assert len(res.err.strip().splitlines()) == 1
+    assert len(_records(cps)) == 1
+    doc, _ = _verify(other, cps)
+    assert not doc["ok"] and "its id was rewritten" in str(doc["store_replaced"])
+
+
+def test_verify_with_another_checkpoint_file_than_the_prunes_says_where_to_look(tmp_path: Path) -> None:
+    """A new user's first slip: prune with --checkpoints FILE, verify without it. The chains then
+    start past seq 1 with nothing to say why; the break says which option is missing."""
+    url = f"sqlite://{tmp_path}/audit.db"
+    fill(url, EVENTS, tx=TX)
+    _prune(url, tmp_path / "cp.jsonl")
+    res = cli("audit", "verify", "--audit", url, "--checkpoints", str(tmp_path / "other.jsonl"))
+    assert res.code == 1 and res.out.startswith("BROKEN: deleted record"), res.out
+    assert res.out.splitlines()[0].endswith(
+        "; if a prune cut them, it recorded that in another checkpoint file: --checkpoints)"
+    ), res.out
+
+
+def test_a_hand_edited_checkpoint_record_is_a_one_line_usage_error_not_an_internal_error(tmp_path: Path) -> None:
+    url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
+    fill(url, 300, tx=100)
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
+    good = cps.read_text()
+    head = _records(cps)[0]["heads"][0]  # type: ignore[index]
+    for bad in (
+        {"heads": [{"writer": head["writer"]}]},  # no seq (was KeyError)
+        {"heads": [{**head, "seq": 1e999}]},  # (was OverflowError)
+        {"heads": [{**head, "seq": "12"}]},
+        {"heads": [], "kind": "prune", "cuts": [{**head, "hash": None}]},
+        {"heads": [], "store_id": 123},
+    ):
+        cps.write_text(good + json.dumps({"time": "2026-01-01T00:00:00.000000Z", **bad}) + "\n")
+        res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps))
+        assert res.code == 2 and res.out == "", (bad, res.code, res.out, res.err)
+        why = "a head or cut without a writer, seq and hash, or a store_id not text"
+        assert res.err.strip().splitlines() == [f"mrtr-keys: {cps}:2: not a checkpoint ({why})"]
+
+
+def test_an_export_of_the_store_verifies_beside_its_checkpoint_file(tmp_path: Path) -> None:
+    """An export (a JSON-lines log, which has no store id) holds the store's chains: the records of
+    the store's id name them, and that is no sign of a rewritten id."""
+    url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
+    fill(url, 300, tx=100)
+    assert cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(cps)).code == 0
+    res = cli("audit", "export", "--audit", url)
+    assert res.code == 0, res.err
+    (tmp_path / "export.jsonl").write_text(res.out)
+    res = cli("audit", "verify", "--audit", f"jsonl://{tmp_path}/export.jsonl", "--checkpoints", str(cps))
+    assert res.code == 0 and res.out.startswith("ok: 300 records in 3 chains verified"), res.out + res.err

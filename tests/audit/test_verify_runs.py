@@ -129,3 +129,64 @@ def test_a_batch_longer_than_max_pending_is_judged_alike(case: str, bases: dict[
     assert reference["ok"] is (case == "genuine")
     if case == "relinked and altered":
         assert reference["first_break"]["kind"] == "inserted"
+
+
+def test_rows_pruned_while_the_split_walk_reads_them_are_a_retry_not_a_crash(tmp_path: Path) -> None:
+    """The children render pages ahead of the walk and the walk reads a batch's last row again: a
+    prune committing in between (the sidecar's retention beside a cron verify) used to end verify
+    with IndexError (``internal error``); it is AuditUnavailable (exit 75, run again) in one line."""
+    import multiprocessing
+    import time
+
+    from mrtr_keys.errors import AuditUnavailable
+
+    path = tmp_path / "audit.db"
+    fill(f"sqlite://{path}", 200, tx=100, chains=1)  # two pages of 100: one child each
+    store = open_store(f"sqlite://{path}")
+    pruned: list[int] = []
+
+    def progress(records: int, seconds: float) -> None:
+        if pruned:
+            return
+        while multiprocessing.active_children():  # both pages rendered and sent: prune the second
+            time.sleep(0.01)
+        pruned.append(records)
+        sqlite_exec(f"sqlite://{path}", "DELETE FROM audit_events WHERE id > 100")
+
+    try:
+        with pytest.raises(AuditUnavailable, match=r"changed while they were read .* run verify again"):
+            verify_store(store, [], page=100, split_min_rows=0, progress=progress)
+    finally:
+        store.close()
+    assert pruned == [100]
+
+
+def test_a_reading_child_killed_midway_is_an_outage_to_retry_not_a_broken_chain(tmp_path: Path) -> None:
+    """A child killed while verify runs (the OOM killer, an operator) is exit 75 (AuditUnavailable:
+    run again), not exit 1, which the runbook keeps for a broken chain."""
+    import multiprocessing
+    import os
+    import signal
+
+    from mrtr_keys.errors import AuditError, AuditUnavailable
+
+    path = tmp_path / "audit.db"
+    fill(f"sqlite://{path}", 2_000, tx=100, chains=1)  # 4 pages of 500 rows, each more than a pipe holds
+    before = set(multiprocessing.active_children())
+    killed: list[int] = []
+
+    def progress(records: int, seconds: float) -> None:
+        if not killed:  # both children are blocked sending their next page: neither has finished
+            for child in set(multiprocessing.active_children()) - before:
+                os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                killed.append(child.pid)  # type: ignore[arg-type]
+
+    store = open_store(f"sqlite://{path}")
+    try:
+        with pytest.raises(AuditError) as info:
+            verify_store(store, [], page=500, split_min_rows=0, progress=progress)
+    finally:
+        store.close()
+    assert len(killed) == 2
+    assert isinstance(info.value, AuditUnavailable) and info.value.exit_code == 75
+    assert str(info.value) == "audit verify: a reading process ended early (killed?): run verify again"

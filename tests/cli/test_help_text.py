@@ -36,3 +36,8 @@ def test_the_checkpoint_file_is_checkpoints_in_prune_archive_and_checkpoint() ->
     assert "--to" not in cli("audit", "prune", "--help").out  # the old name is hidden
     verify = re.sub(r"[│\s]+", " ", cli("audit", "verify", "--help").out)
     assert "[default: $MRTR_KEYS_AUDIT_CHECKPOINTS, else audit" in verify, verify
+
+
+def test_verify_help_names_the_exit_codes_cron_tells_apart() -> None:
+    text = re.sub(r"\s+", " ", cli("audit", "verify", "--help").out)
+    assert "exit 1 at the first break, 75 when the store or archive cannot be read now" in text, text

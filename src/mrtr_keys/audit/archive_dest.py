@@ -148,10 +148,13 @@ class DirDestination:
             os.close(fd)
 
     def list(self, prefix: str) -> list[str]:
+        """Every entry under `prefix` but a directory: files, and what is not one (a FIFO, a socket,
+        a symbolic link, dangling or to a directory, not followed), which `get` refuses but
+        ``verify --from-archive`` still names among the files no manifest lists."""
         base = self.root / prefix
         if not base.is_dir():
             return []
-        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_symlink() or not p.is_dir())
 
     def retention(self) -> str:
         return "a directory: protect it by its owner and permissions, or copy it to locked storage"

@@ -393,4 +393,24 @@ def read_checkpoints(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 raise ConfigError(f"{p}:{n}: not a checkpoint (bad JSON)") from None
             if not isinstance(doc, dict) or not isinstance(doc.get("heads"), list):
                 raise ConfigError(f"{p}:{n}: not a checkpoint")
+            if not _well_formed(doc):
+                raise ConfigError(
+                    f"{p}:{n}: not a checkpoint (a head or cut without a writer, seq and hash, or a store_id not text)"
+                )
             yield doc
+
+
+def _well_formed(doc: dict[str, Any]) -> bool:
+    """Every head and cut a dict of a text ``writer`` and ``hash`` and a whole ``seq`` >= 0, a
+    ``store_id`` text if present (what the walks index by; an edited file crashed them)."""
+    for part in ("heads", "cuts", "carried"):
+        entries = doc.get(part, [])
+        if not isinstance(entries, list):
+            return False
+        for e in entries:
+            if not isinstance(e, dict) or not isinstance(e.get("writer"), str) or not isinstance(e.get("hash"), str):
+                return False
+            seq = e.get("seq")
+            if seq.__class__ is not int or seq < 0:
+                return False
+    return doc.get("store_id") is None or isinstance(doc.get("store_id"), str)

@@ -24,12 +24,12 @@ import os
 import signal
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mrtr_keys.audit.stores import narrow
 from mrtr_keys.audit.stores.base import SQL_COLUMNS
-from mrtr_keys.errors import AuditError
+from mrtr_keys.errors import AuditError, AuditUnavailable
 
 WORKERS = 2
 MIN_ROWS = 150_000
@@ -47,7 +47,9 @@ def run_pages(
     (``store.run_pages(last, page)``).
 
     Raises (while iterating):
-        AuditError: a child could not read the store, or died.
+        AuditUnavailable: a child died (killed, out of memory: exit 75, run again; not a finding
+            about the chain), or could not read the store for a reason the store calls an outage;
+        AuditError: it could not read the store otherwise (as the one-process walk would say).
     """
     if not hasattr(store, "piece_view") or not store._narrow():
         return None
@@ -57,10 +59,12 @@ def run_pages(
     if last - first < min_rows:
         return None
     ranges = [(lo, min(lo + page, last)) for lo in range(first, last, page)]
-    return last, _pages(str(store.path), ranges, workers)
+    return last, _pages(str(store.path), ranges, workers, store._error)
 
 
-def _pages(path: str, ranges: list[tuple[int, int]], workers: int) -> Iterator[list[narrow.Run]]:
+def _pages(
+    path: str, ranges: list[tuple[int, int]], workers: int, error: Callable[[BaseException], type[AuditError]]
+) -> Iterator[list[narrow.Run]]:
     ctx = multiprocessing.get_context("fork")
     procs, pipes = [], []
     try:
@@ -75,9 +79,10 @@ def _pages(path: str, ranges: list[tuple[int, int]], workers: int) -> Iterator[l
             try:
                 kind, value = pipes[i % workers].recv()
             except (EOFError, OSError):
-                raise AuditError("audit verify: a reading process ended early") from None
+                ended = "audit verify: a reading process ended early (killed?): run verify again"
+                raise AuditUnavailable(ended) from None
             if kind != "runs":
-                raise AuditError(f"cannot read the audit store {path}: {value}")
+                raise error(Exception(value))(f"cannot read the audit store {path}: {value}")
             yield value
     finally:
         for recv in pipes:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from mrtr_keys.errors import AuditUnavailable
+
 MAX_PENDING = 8_192
 """Rows of one chain's open batch kept as objects; past this they are fed to an incremental hash."""
 
@@ -58,7 +60,7 @@ class RunWalk:
                     c.gap = None
                 continue
             if c is None or s0 != c.expected:
-                for row in view.rows(lo, hi):
+                for row in self._rows(lo, hi, n):
                     self._one(row)
                 continue
             c.runs.append((lo, hi, s0))
@@ -67,7 +69,7 @@ class RunWalk:
             c.expected = s1
             c.nonlink += n - closes
             if closes:
-                self._close(c, view.rows(hi, hi)[0])
+                self._close(c, self._rows(hi, hi, 1)[0])
             elif c.nonlink >= MAX_PENDING:
                 self._spill(c)
 
@@ -79,8 +81,24 @@ class RunWalk:
         want = c.runs[0][2] + MAX_PENDING * ((n - 1) // MAX_PENDING)
         for lo, hi, s0 in reversed(c.runs):
             if s0 <= want:
-                return next(r for r in self._view.rows(lo, hi) if r[13] == want)
+                found = next((r for r in self._rows(lo, hi, hi - lo + 1, exact=False) if r[13] == want), None)
+                if found is None:
+                    raise _changed(lo, hi)
+                return found
         return c.first
+
+    def _rows(self, lo: int, hi: int, n: int, *, exact: bool = True) -> list[Any]:
+        """The decoded rows at positions `lo`..`hi`, read again (`n` of them were rendered, or at
+        most `n` if not `exact`: a run's positions need not be consecutive).
+
+        Raises:
+            AuditUnavailable: they are no longer all there (removed since they were rendered: the
+                rows read for the text and the rows read again are two reads of a live store).
+        """
+        rows: list[Any] = self._view.rows(lo, hi)
+        if (len(rows) != n) if exact else not rows:
+            raise _changed(lo, hi)
+        return rows
 
     def _one(self, row: tuple[Any, ...]) -> None:
         """`feed` one decoded row (counted by `feed_runs`), keeping `Any.nonlink`."""
@@ -89,3 +107,10 @@ class RunWalk:
         c = self._chains.get(row[12])
         if c is not None and c.brk is None and c.pending and c.expected == row[13] + 1 and not row[15]:
             c.nonlink += 1
+
+
+def _changed(lo: int, hi: int) -> AuditUnavailable:
+    return AuditUnavailable(
+        f"audit verify: the records at storage positions {lo}..{hi} changed while they were read "
+        "(removed by a prune running meanwhile?): run verify again"
+    )

@@ -67,6 +67,8 @@ class StreamReport(VerifyReport):
     pruned_before: str | None = None
     """The newest prune's cut-off time, if the store was pruned."""
     seconds: float = 0.0
+    writers: set[str] = field(default_factory=set)
+    """The chains the walk found records of (`mrtr_keys.audit.store_match.id_break`; not in `to_json`)."""
 
     def to_json(self) -> dict[str, Any]:
         rate = self.records / self.seconds if self.seconds > 0 else None
@@ -247,7 +249,8 @@ class Walker(RunWalk):
         what = f"record seq {lo} is missing" if seq - lo == 1 else f"records seq {lo}..{seq - 1} are missing"
         if lo == c.start + 1 and c.start:
             what += f" (after the chain's trusted start at seq {c.start}; not removed by a prune)"
-        c.brk = ["deleted", row[0], seq, row[1], f"{what} (before seq {seq})"]
+        hint = "; if a prune cut them, it recorded that in another checkpoint file: --checkpoints" if lo == 1 else ""
+        c.brk = ["deleted", row[0], seq, row[1], f"{what} (before seq {seq}{hint})"]
 
     def broken(self) -> list[Break]:
         """The breaks found so far (chains whose walk stopped), without closing the walk."""
@@ -277,7 +280,8 @@ class Walker(RunWalk):
                 )
                 report.breaks.append(Break("truncated", c.writer, first[0], first[13], first[1], detail))
                 c.brk = ["truncated"]
-        report.chains = sum(1 for c in self._chains.values() if c.expected > c.start + 1 or c.brk is not None)
+        report.writers = {c.writer for c in self._chains.values() if c.expected > c.start + 1 or c.brk is not None}
+        report.chains = len(report.writers)
         for doc, head in heads:
             report.checkpoints_checked += 1
             writer, seq = str(head["writer"]), int(head["seq"])

@@ -295,11 +295,12 @@ def checkpoint(
     json_: JsonOpt = False,
 ) -> None:
     """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail; reads only
-    what was added since the last checkpoint in the file (--full: everything)."""
+    what was added since the last checkpoint in the file (--full: everything). Refuses (exit 1) when the
+    file records this store's chains under another store id (its id was rewritten)."""
     from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
     from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
     from mrtr_keys.audit.events import plural
-    from mrtr_keys.audit.store_match import checkpoints_of
+    from mrtr_keys.audit.store_match import checkpoints_of, id_break
     from mrtr_keys.cli.output import error, print_json, print_line, print_table
 
     store = _open(audit, keystore_)
@@ -309,6 +310,11 @@ def checkpoint(
         doc = make_checkpoint_since(store, matched.docs, now=time.time(), full=full)
     finally:
         store.close()
+    heads = [str(h["writer"]) for h in doc.get("heads", [])]
+    if matched.claimed(heads):  # its chains are another store id's: recording them would hide a cut tail
+        from mrtr_keys.errors import AuditError
+
+        raise AuditError(f"checkpoint not recorded: {id_break(store, matched, heads)}")
     if matched.replaced:  # recorded all the same: the first checkpoint of a store made where another was
         error(
             f"warning: {path} records {store.url} only under {plural(len(matched.other_ids), 'other store id')}; "

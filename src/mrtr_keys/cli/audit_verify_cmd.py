@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -76,13 +76,14 @@ def verify(
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break.
+    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break, 75 when the
+    store or archive cannot be read now or a prune ran meanwhile (run it again), 2 for a bad option.
 
     Reads the store in bounded pages (memory does not grow with the log). After `audit prune`, each
     chain starts from the prune's recorded cut."""
     from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import parse_when
-    from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, replaced_message
+    from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, id_break
     from mrtr_keys.audit.verify_stream import StreamReport, verify_store
     from mrtr_keys.cli.output import error, print_json, print_line
 
@@ -120,7 +121,7 @@ def verify(
         store.close()
     unlisted = getattr(report, "unlisted", None)
     if dest is not None and unlisted:
-        shown = ", ".join(unlisted[:UNLISTED_SHOWN]) + (
+        shown = ", ".join(n if n.isprintable() else repr(n) for n in unlisted[:UNLISTED_SHOWN]) + (
             f" (and {len(unlisted) - UNLISTED_SHOWN} more)" if len(unlisted) > UNLISTED_SHOWN else ""
         )
         sys.stderr.write(
@@ -128,7 +129,15 @@ def verify(
             f"verified (an interrupted audit archive run leaves such files; remove them when no run is going): "
             f"{shown}\n"
         )
-    replaced = replaced_message(store, matched) if matched.replaced else None
+    replaced = id_break(store, matched, report.writers)
+    if not report.ok and replaced is None and _pruned_meanwhile(cp_path, store, len(docs)):
+        from mrtr_keys.errors import AuditUnavailable
+
+        raise AuditUnavailable(
+            f"audit verify: a prune or archive of {cp_path} ran while verify read the store, so what it "
+            f"found ({report.first.kind if report.first else 'a break'}) may be that prune's doing: run verify "
+            "again when it has finished"
+        )
     if json_:
         out = report.to_json()
         out.update(matched.to_json(getattr(store, "store_id", None)))
@@ -168,3 +177,28 @@ def verify(
                     print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
     if not report.ok or replaced is not None:
         raise typer.Exit(1)
+
+
+def _pruned_meanwhile(path: Path, store: Any, seen: int) -> bool:
+    """Whether a prune or archive of the checkpoint file `path` holds its lock now
+    (`mrtr_keys.audit.prune.pruner_lock`; probed without creating the lock file, so a read-only
+    location is fine), or recorded a cut of `store` after the `seen` records of it verify read."""
+    import fcntl
+    import os
+
+    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.store_match import checkpoints_of
+    from mrtr_keys.audit.verify_stream import PRUNE
+
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        pass  # no lock file: no prune has ever run beside this file
+    else:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # (releases the probe's shared lock)
+    return any(d.get("kind") == PRUNE for d in checkpoints_of(read_checkpoints(path), store).docs[seen:])
