@@ -157,7 +157,9 @@ def test_a_fleet_rotates_twice_under_traffic_with_nothing_rejected(tmp_path: Pat
                         target,
                     )
                     checked += 1
-        fleet_view = run_cli("fleet", "status", "--json", keystore=ring, env=env).json()
+        viewed = run_cli("fleet", "status", "--json", keystore=ring, env=env)
+        assert viewed.code == 0, viewed.err + viewed.out
+        fleet_view = viewed.json()
         status = {r["name"]: (r["status"], r["generation"]) for r in fleet_view}
         final = changes["retire"][-1]["generation"]
         assert status["mcp-3"][0] == "stale" and status["sc-2"] == ("live", final)
