@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import pytest
@@ -192,6 +193,49 @@ def test_a_redis_that_accepts_but_never_answers_is_an_outage_not_a_hang() -> Non
             store.consume(os.urandom(16), 60_000)
         assert store.ping() is False
     finally:
+        store.close()
+        silent.close()
+        for s in held:
+            s.close()
+
+
+def test_a_postgres_connect_that_timed_out_leaves_no_socket_open() -> None:
+    """Each attempt that gives up (libpq's 2 s ``connect_timeout``) closes its socket at once, not when a
+    garbage collection happens to run: after a silent spell, held-open attempts would otherwise all reach the
+    server when the network heals (seen: 100-250 PostgreSQL backends at once)."""
+    import gc
+    import select
+    import socket
+    import threading
+
+    from mrtr_keys.replay.postgres_store import PostgresReplayStore
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])
+            except OSError:
+                return
+
+    def closed(sock: socket.socket) -> bool:
+        poller = select.poll()
+        poller.register(sock, select.POLLRDHUP | select.POLLHUP)
+        return bool(poller.poll(0))
+
+    threading.Thread(target=accept, daemon=True).start()
+    store = PostgresReplayStore(f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db", timeout=0.3)
+    gc.disable()  # what is asserted must not depend on when a collection runs
+    try:
+        for _ in range(3):
+            with pytest.raises(ReplayStoreUnavailable):
+                store.consume(os.urandom(16), 60_000)
+        time.sleep(2.5)  # past libpq's connect_timeout (2 s) for every attempt
+        assert len(held) == 3 and all(closed(s) for s in held)
+    finally:
+        gc.enable()
         store.close()
         silent.close()
         for s in held:

@@ -5,7 +5,8 @@ failure (issue 22):
 
 * **blackhole** (`Faults.blackhole`): connections stay open, new ones are accepted, nothing is
   forwarded either way: the client's bytes are taken by the kernel and never answered, as behind a
-  dropped route or a hung server. `restore` lets the held bytes through again (as TCP retransmission
+  dropped route or a hung server. A connection made during a blackhole reaches the target only once it
+  ends. `restore` lets the held bytes through again (as TCP retransmission
   would), so a client that gave up sees its old connection's late answer.
 * **latency** (`Faults.latency`): every chunk waits this many seconds before it is forwarded.
 * **reset after N bytes** (`Faults.reset_after`): once a marker has gone up (say PostgreSQL's
@@ -61,6 +62,10 @@ class Faults:
     @property
     def blackholed(self) -> bool:
         return not self._open.is_set()
+
+    def wait_open(self) -> None:
+        """Block (without polling) while blackholed."""
+        self._open.wait()
 
     def latency(self, seconds: float) -> None:
         """Hold every forwarded chunk `seconds` first (0 ends it)."""

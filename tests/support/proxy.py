@@ -19,6 +19,7 @@ Use it as a context manager or call `close()`.
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 from collections import Counter
@@ -164,21 +165,41 @@ class CountingProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
-                upstream.settimeout(None)
-            except OSError:
-                _close(client)
-                continue
             with self._lock:
                 if self._listener is not listener:  # stopped meanwhile
                     _close(client)
-                    _close(upstream)
                     return
-                self._conns.update((client, upstream))
-            keys: list[str] = []
-            threading.Thread(target=self._up, args=(client, upstream, keys), daemon=True).start()
-            threading.Thread(target=self._down, args=(upstream, client, keys), daemon=True).start()
+                self._conns.add(client)
+            threading.Thread(target=self._connect, args=(listener, client), daemon=True).start()
+
+    def _connect(self, listener: socket.socket, client: socket.socket) -> None:
+        """Join `client` to a new connection to the target, once no blackhole holds it: a connection made
+        during a blackhole never reaches the target, as behind a dropped route (and a PostgreSQL server would
+        otherwise keep a backend for each held connection until its authentication timeout: hundreds of
+        them, from callers that give up and retry, use up its connection slots for every other client)."""
+        self.faults.wait_open()
+        if _gone(client):  # gave up while held: nothing to join (hundreds of such after a long blackhole)
+            with self._lock:
+                self._conns.discard(client)
+            _close(client)
+            return
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+            upstream.settimeout(None)
+        except OSError:
+            with self._lock:
+                self._conns.discard(client)
+            _close(client)
+            return
+        with self._lock:
+            if self._listener is not listener or client not in self._conns:  # stopped or closed meanwhile
+                _close(client)
+                _close(upstream)
+                return
+            self._conns.add(upstream)
+        keys: list[str] = []
+        threading.Thread(target=self._up, args=(client, upstream, keys), daemon=True).start()
+        threading.Thread(target=self._down, args=(upstream, client, keys), daemon=True).start()
 
     def _up(self, src: socket.socket, dst: socket.socket, keys: list[str]) -> None:
         """Client to target: count each request head before forwarding it."""
@@ -269,6 +290,15 @@ def _with_length(head: bytes, length: int) -> bytes:
         name = line.partition(b":")[0].strip().lower()
         out.append(b"Content-Length: %d" % length if name == b"content-length" else line)
     return b"\r\n".join(out) + _HEAD_END
+
+
+def _gone(sock: socket.socket) -> bool:
+    """True if the peer of `sock` has closed or reset it, even with bytes it sent still unread (Linux's
+    ``POLLRDHUP``: a client that sent its greeting and then gave up)."""
+    poller = select.poll()
+    hangup = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+    poller.register(sock, hangup)
+    return any(events & hangup for _, events in poller.poll(0))
 
 
 def _close(s: socket.socket) -> None:
