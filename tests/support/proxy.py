@@ -295,6 +295,8 @@ def _with_length(head: bytes, length: int) -> bytes:
 def _gone(sock: socket.socket) -> bool:
     """True if the peer of `sock` has closed or reset it, even with bytes it sent still unread (Linux's
     ``POLLRDHUP``: a client that sent its greeting and then gave up)."""
+    if sock.fileno() < 0:  # closed here meanwhile (the proxy was stopped)
+        return True
     poller = select.poll()
     hangup = select.POLLRDHUP | select.POLLHUP | select.POLLERR
     poller.register(sock, hangup)
