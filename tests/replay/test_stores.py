@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
 import time
 from typing import Any
 
@@ -167,13 +169,8 @@ def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) ->
         proxy.close()
 
 
-def test_a_redis_that_accepts_but_never_answers_is_an_outage_not_a_hang() -> None:
-    """Reads are bounded by the kernel (SO_RCVTIMEO) on plain TCP, by redis-py's timeout on TLS: either way
-    a silent server is `ReplayStoreUnavailable`, never a blocked caller (pytest-timeout guards the test)."""
-    import socket
-
-    from mrtr_keys.replay.redis_store import RedisReplayStore
-
+def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
+    """A listener that accepts every connection and never answers; returns it and the connections it holds."""
     silent = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
 
@@ -184,9 +181,16 @@ def test_a_redis_that_accepts_but_never_answers_is_an_outage_not_a_hang() -> Non
             except OSError:
                 return
 
-    import threading
-
     threading.Thread(target=accept, daemon=True).start()
+    return silent, held
+
+
+def test_a_redis_that_accepts_but_never_answers_is_an_outage_not_a_hang() -> None:
+    """Reads are bounded by the kernel (SO_RCVTIMEO) on plain TCP, by redis-py's timeout on TLS: either way
+    a silent server is `ReplayStoreUnavailable`, never a blocked caller (pytest-timeout guards the test)."""
+    from mrtr_keys.replay.redis_store import RedisReplayStore
+
+    silent, held = _silent_server()
     store = RedisReplayStore(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout=0.2)
     try:
         with pytest.raises(ReplayStoreUnavailable):
@@ -205,27 +209,16 @@ def test_a_postgres_connect_that_timed_out_leaves_no_socket_open() -> None:
     server when the network heals (seen: 100-250 PostgreSQL backends at once)."""
     import gc
     import select
-    import socket
-    import threading
 
     from mrtr_keys.replay.postgres_store import PostgresReplayStore
 
-    silent = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(silent.accept()[0])
-            except OSError:
-                return
+    silent, held = _silent_server()
 
     def closed(sock: socket.socket) -> bool:
         poller = select.poll()
         poller.register(sock, select.POLLRDHUP | select.POLLHUP)
         return bool(poller.poll(0))
 
-    threading.Thread(target=accept, daemon=True).start()
     store = PostgresReplayStore(f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db", timeout=0.3)
     gc.disable()  # what is asserted must not depend on when a collection runs
     try:
