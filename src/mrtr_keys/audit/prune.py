@@ -232,8 +232,7 @@ def pruner_lock(checkpoints: str | os.PathLike[str]) -> Iterator[bool]:
     Raises:
         AuditError: the lock file cannot be created.
     """
-    path = Path(checkpoints)
-    lock = path.with_name(path.name + ".lock")
+    lock = _lock_path(checkpoints)
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -248,3 +247,24 @@ def pruner_lock(checkpoints: str | os.PathLike[str]) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def pruner_running(checkpoints: str | os.PathLike[str]) -> bool:
+    """Whether a prune or archive of `checkpoints` holds `pruner_lock` now; probed with a shared lock
+    on the existing lock file only (nothing is created, so a read-only location is fine)."""
+    try:
+        fd = os.open(_lock_path(checkpoints), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: no prune or archive has run beside this file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _lock_path(checkpoints: str | os.PathLike[str]) -> Path:
+    path = Path(checkpoints)
+    return path.with_name(path.name + ".lock")

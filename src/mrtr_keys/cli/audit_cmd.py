@@ -20,7 +20,7 @@ import typer
 
 from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import AuditError, ConfigError
 
 if TYPE_CHECKING:
     from mrtr_keys.audit.stores.base import AuditStore, Query
@@ -312,8 +312,6 @@ def checkpoint(
         store.close()
     heads = [str(h["writer"]) for h in doc.get("heads", [])]
     if matched.claimed(heads):  # its chains are another store id's: recording them would hide a cut tail
-        from mrtr_keys.errors import AuditError
-
         raise AuditError(f"checkpoint not recorded: {id_break(store, matched, heads)}")
     if matched.replaced:  # recorded all the same: the first checkpoint of a store made where another was
         error(

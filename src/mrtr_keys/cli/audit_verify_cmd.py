@@ -15,7 +15,7 @@ import typer
 from mrtr_keys.audit.events import plural
 from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import AuditUnavailable, ConfigError
 
 PROGRESS_AFTER = 2.0
 """Seconds of verifying before progress lines start (short runs print none)."""
@@ -131,8 +131,6 @@ def verify(
         )
     replaced = id_break(store, matched, report.writers)
     if not report.ok and replaced is None and _pruned_meanwhile(cp_path, store, len(docs)):
-        from mrtr_keys.errors import AuditUnavailable
-
         raise AuditUnavailable(
             f"audit verify: a prune or archive of {cp_path} ran while verify read the store, so what it "
             f"found ({report.first.kind if report.first else 'a break'}) may be that prune's doing: run verify "
@@ -180,25 +178,13 @@ def verify(
 
 
 def _pruned_meanwhile(path: Path, store: Any, seen: int) -> bool:
-    """Whether a prune or archive of the checkpoint file `path` holds its lock now
-    (`mrtr_keys.audit.prune.pruner_lock`; probed without creating the lock file, so a read-only
-    location is fine), or recorded a cut of `store` after the `seen` records of it verify read."""
-    import fcntl
-    import os
-
+    """Whether a prune or archive of the checkpoint file `path` holds its lock now, or recorded a cut of
+    `store` after the `seen` records of it verify read."""
     from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.prune import pruner_running
     from mrtr_keys.audit.store_match import checkpoints_of
     from mrtr_keys.audit.verify_stream import PRUNE
 
-    try:
-        fd = os.open(f"{path}.lock", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        pass  # no lock file: no prune has ever run beside this file
-    else:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)  # (releases the probe's shared lock)
+    if pruner_running(path):
+        return True
     return any(d.get("kind") == PRUNE for d in checkpoints_of(read_checkpoints(path), store).docs[seen:])
