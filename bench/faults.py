@@ -226,14 +226,9 @@ def _alternate(
 def _audit_rows(services: Services, settings: Settings, pg_url: str) -> list[Row]:
     """The sidecar's PostgreSQL audit store blackholed (not strict): seals queue their events."""
     proxy = CountingProxy(urlparse(pg_url).port or 5432, http=False)
-    try:
-        config = f'[sidecar]\naudit = "{_through(pg_url, proxy)}"\n'
-        svc, secret = _sidecar(services, services.workdir / "faults-audit-lax", [], config)
-        base: str = svc.url  # type: ignore[attr-defined]
-        windows = _alternate(base, secret, settings, proxy, _pids(svc))
-        stop_process(svc.proc)  # type: ignore[attr-defined]
-    finally:
-        proxy.close()
+    config = f'[sidecar]\naudit = "{_through(pg_url, proxy)}"\n'
+    work = services.workdir / "faults-audit-lax"
+    windows = _sidecar_windows(settings, proxy, lambda: _sidecar(services, work, [], config))
     return _rows("PostgreSQL audit store", windows, "not strict: the seals' events wait in the queue")
 
 
@@ -248,15 +243,24 @@ def _keystore_rows(services: Services, settings: Settings) -> list[Row]:
     init += ["--audience", AUDIENCE]
     subprocess.run(init, env={**os.environ, **bao.env()}, check=True, capture_output=True, cwd=work)
     proxy = CountingProxy(bao.port, http=False)
+    env = {**bao.env(), "VAULT_ADDR": proxy.url, "BAO_ADDR": proxy.url}
+    windows = _sidecar_windows(
+        settings, proxy, lambda: _sidecar(services, work, ["--reload-interval", "0.2"], keystore=url, env=env)
+    )
+    return _rows("Vault KV keystore", windows, "ring watcher every 0.2 s")
+
+
+def _sidecar_windows(settings: Settings, proxy: CountingProxy, start: Callable[[], tuple[object, str]]) -> Windows:
+    """Start a sidecar (`start`: its service and a client secret), alternate healthy and blackholed
+    windows on it through `proxy` (`_alternate`), stop it; `proxy` is closed either way."""
     try:
-        env = {**bao.env(), "VAULT_ADDR": proxy.url, "BAO_ADDR": proxy.url}
-        svc, secret = _sidecar(services, work, ["--reload-interval", "0.2"], keystore=url, env=env)
+        svc, secret = start()
         base: str = svc.url  # type: ignore[attr-defined]
         windows = _alternate(base, secret, settings, proxy, _pids(svc))
         stop_process(svc.proc)  # type: ignore[attr-defined]
+        return windows
     finally:
         proxy.close()
-    return _rows("Vault KV keystore", windows, "ring watcher every 0.2 s")
 
 
 def _unseal_loader(base: str, secret: str, conn: Connection) -> None:
