@@ -61,20 +61,13 @@ def _flap_then_lose_a_commit(proxy: CountingProxy) -> None:
         time.sleep(0.05)
 
 
-def test_forty_flaps_and_a_lost_commit_under_load_store_each_event_once(
-    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
-) -> None:
-    proxy, url = pg_fault_proxy
-    sink = make_sink(url, mode="process")
-    submitted = 0
+def _flap_under_load(proxy: CountingProxy, every: float, step: Callable[[], None]) -> None:
+    """`step()` every `every` s in a thread, from 0.5 s before `_flap_then_lose_a_commit` until 0.3 s after."""
     stop = threading.Event()
 
     def load() -> None:
-        nonlocal submitted
-        while not stop.wait(TICK):
-            for _ in range(10):
-                sink.record("seal", kid="k1", token=f"tok{submitted}")
-                submitted += 1
+        while not stop.wait(every):
+            step()
 
     loader = threading.Thread(target=load, daemon=True)
     loader.start()
@@ -85,6 +78,22 @@ def test_forty_flaps_and_a_lost_commit_under_load_store_each_event_once(
     finally:
         stop.set()
         loader.join(10)
+
+
+def test_forty_flaps_and_a_lost_commit_under_load_store_each_event_once(
+    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
+) -> None:
+    proxy, url = pg_fault_proxy
+    sink = make_sink(url, mode="process")
+    submitted = 0
+
+    def burst() -> None:
+        nonlocal submitted
+        for _ in range(10):
+            sink.record("seal", kid="k1", token=f"tok{submitted}")
+            submitted += 1
+
+    _flap_under_load(proxy, TICK, burst)
     assert flushed(sink, 60)
     stored, twice = _stored_and_twice(postgres_url)
     result = cli("audit", "verify", "--audit", postgres_url)
@@ -110,23 +119,14 @@ def test_a_sidecar_whose_audit_store_flaps_stores_each_answered_request_once(
     answered = 0
     codes: set[int] = set()
     with TestClient(app) as http:
-        stop = threading.Event()
 
-        def load() -> None:
+        def batch_of_seals() -> None:
             nonlocal answered
-            while not stop.wait(2 * TICK):
-                code = http.post("/v1/seal/batch", json=batch, headers=auth).status_code
-                codes.add(code)
-                answered += 20 if code == 200 else 0
+            code = http.post("/v1/seal/batch", json=batch, headers=auth).status_code
+            codes.add(code)
+            answered += 20 if code == 200 else 0
 
-        loader = threading.Thread(target=load, daemon=True)
-        loader.start()
-        try:
-            _flap_then_lose_a_commit(proxy)
-            time.sleep(0.3)
-        finally:
-            stop.set()
-            loader.join(10)
+        _flap_under_load(proxy, 2 * TICK, batch_of_seals)
         assert flushed(sink, 60)
         metrics = http.get("/metrics").text
     dropped = int(float(re.search(r"^mrtr_sidecar_audit_dropped_total (\S+)$", metrics, re.M).group(1)))  # type: ignore[union-attr]
