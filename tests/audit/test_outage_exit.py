@@ -83,3 +83,15 @@ def test_verify_beside_a_running_prune_is_a_retry_not_a_broken_chain(tmp_path: P
     ]
     res = cli(*args)
     assert res.code == 1 and res.out.startswith("BROKEN: inserted record") and "run audit prune again" in res.out
+
+
+def test_a_damaged_instance_file_of_a_json_lines_store_is_a_break_not_an_outage(tmp_path: Path) -> None:
+    """Presence in a JSON-lines store that is not JSON is damage (exit 1, one line), not "try later" (75)."""
+    ring = tmp_path / "keyring.json"
+    log = tmp_path / "audit.jsonl"
+    assert cli("init", keystore=ring).code == 0
+    (tmp_path / "audit.jsonl.instances.json").write_text("{not json")
+    log.write_text("")
+    res = cli("--audit", f"jsonl://{log}", "fleet", "status", keystore=ring)
+    assert res.code == 1, (res.code, res.err)
+    assert len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err

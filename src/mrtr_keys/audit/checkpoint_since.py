@@ -57,7 +57,5 @@ def make_checkpoint_since(
                 heads[writer] = {"writer": writer, "seq": seq, "hash": r[_HASH], "time": r[_TIME]}
         position = max(position, int(rows[-1][0]))
         del rows
-    doc = {"time": format_ts(now), "store": store.url}
-    stamp(doc, store)
-    doc.update({"heads": list(heads.values()), "position": position, "read_from": after})
-    return doc
+    doc = stamp({"time": format_ts(now)}, store)
+    return {**doc, "heads": list(heads.values()), "position": position, "read_from": after}

@@ -185,8 +185,10 @@ class JSONLStore:
             doc = json.loads(self._instances_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            raise AuditUnavailable(f"cannot read the audit store {self._instances_path}: {exc}") from None
+        except OSError as exc:
+            raise AuditUnavailable(f"cannot read the audit store {self._instances_path}: {exc.strerror}") from None
+        except ValueError as exc:  # not JSON: a damaged file, not an outage (exit 1, not 75)
+            raise AuditError(f"cannot read the audit store {self._instances_path}: {exc}") from None
         return doc if isinstance(doc, dict) else {}
 
     def instances(self) -> list[tuple[object, ...]]:
