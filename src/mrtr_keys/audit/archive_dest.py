@@ -111,8 +111,8 @@ class DirDestination:
             for parent in parents:
                 current = str(parent.relative_to(self.root))
                 _fsync_dir(parent)
-        except OSError as exc:
-            raise AuditError(f"cannot write {self.root / current}: {exc.strerror}") from None
+        except OSError as exc:  # as `put_file`: an I/O error of the location is an outage (exit 75)
+            raise AuditUnavailable(f"cannot write {self.root / current}: {exc.strerror}") from None
 
     def put_bytes(self, name: str, data: bytes) -> None:
         try:
