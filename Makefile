@@ -60,9 +60,11 @@ ts-test: $(STAMP)
 			&& MRTR_KEYS_CLI=$(CURDIR)/$(BIN)/mrtr-keys node --test --test-reporter=spec build/test/*.test.js; \
 	fi
 
-# the fast loop: every test but the end-to-end ones (marker e2e: subprocess servers, OpenBao, moto, the CLI)
+# the fast loop: every test but the end-to-end ones (marker e2e: subprocess servers, OpenBao, moto, the CLI).
+# The directories that are end to end as a whole are not even imported (tests/conftest.py), and three workers keep
+# both cores busy (each worker pays about 3 s of CPU to import and collect; a fourth only adds that).
 fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 4
+	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 3
 
 # make bench BENCH_ARGS='--docs' also refreshes docs/performance.md; BENCH_ARGS='sidecar' runs one part
 bench: $(STAMP)

@@ -83,6 +83,19 @@ E2E_PARAMS = ("sidecar", "kms", "vault", "aws")
 kms, vault-remote, vault-datakey, vault-kv, aws-sm: fixtures fetched by name at run time)."""
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the fast loop (``-m "not e2e"``), the directories that are end to end as a whole are not even
+    imported: every worker would pay for importing and collecting tests it then deselects."""
+    if config.getoption("markexpr", "") != "not e2e":
+        return None
+    rel = (
+        collection_path.relative_to(Path(__file__).parent)
+        if collection_path.is_relative_to(Path(__file__).parent)
+        else None
+    )
+    return True if rel is not None and len(rel.parts) == 1 and rel.parts[0] in E2E_DIRS else None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark end-to-end tests ``e2e`` (see the sets above), before ``-m`` selects: ``pytest -m "not e2e"``

@@ -170,6 +170,8 @@ def test_a_killed_writer_loses_nothing_silently_and_frames_it_never_read_go_to_i
             sink.submit(_item(i))
             submitted += 1
             i += 1
+            if i % SHIP_AT == 0:  # about 50 frames a second: frames in flight at the kill, not a flood to store
+                time.sleep(0.02)
 
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
