@@ -3,7 +3,8 @@
 Each store (Redis, PostgreSQL) sits behind the fault proxy, which blackholes it for 20 s while 16 callers
 keep making single-use unseals (each starts its next as soon as one is answered), in library and sidecar
 form. Every library `unseal` fails closed (`InvalidRequestState`) and every sidecar unseal answers 503, each
-within the documented 1 s deadline plus `SLACK`; the library codec is served again once the store answers.
+within the documented 1 s deadline plus 0.5 s (`MARGIN`) plus what a busy host delayed a thread meanwhile
+(`Starvation`); the library codec is served again once the store answers.
 Meanwhile what does not need the store keeps answering: the library's `seal`, and the sidecar's ``/healthz``
 and seals (store calls run in worker threads, never on the event loop; the control: before, one unseal held
 the loop for its whole wait, 40 s on PostgreSQL, and ``/healthz`` failed 16 of 19 probes).
@@ -34,11 +35,14 @@ from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
 DEADLINE = 1.0
+MARGIN = 0.5
+"""What an unseal may take past the store's 1 s deadline (issue 22: "within its deadline (+0.5 s)"), on top of
+the scheduling delay `Starvation` saw meanwhile. Run alone on a loaded host the slowest took 1.04-1.29 s; with
+the whole suite on two cores (six workers, 16 caller threads sharing this process's interpreter) 1.77-2.69 s,
+the wait for the interpreter and a core, not the store: a thread that only sleeps 10 ms at a time overslept by
+as much. A store call without its deadline waited 20-40 s."""
 SLACK = 1.0
-"""What an unseal may take past the store's 1 s deadline here. The issue asks "within its deadline (+0.5 s)": run
-alone on a loaded host the slowest took 1.04-1.29 s, but with the whole suite on two cores (six workers, 16
-caller threads sharing this process's interpreter) the slowest took 1.77-1.92 s, the wait for the interpreter
-and a core, not the store. A store call without its deadline waited 20-40 s."""
+"""For the count of answers: callers start their next unseal as soon as one is answered."""
 BLACKHOLE = 20.0
 CALLERS = 16
 TOKENS = CALLERS * 24
@@ -91,6 +95,28 @@ class Probe:
         self._thread.join(10)
 
 
+class Starvation:
+    """A thread of this process that sleeps 10 ms at a time; `worst` is the longest it overslept (seconds): how
+    long a thread woken at its deadline waited for a core and the interpreter, which no deadline can bound."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic()
+            time.sleep(0.01)
+            self.worst = max(self.worst, time.monotonic() - t - 0.01)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(10)
+        return self.worst
+
+
 def _callers(call: Callable[[int, str], Any], tokens: list[str], seconds: float) -> list[tuple[Any, float]]:
     """`CALLERS` threads, each calling ``call(i, token)`` with a fresh token as soon as its last call returned,
     for `seconds`; (what each call returned or raised, seconds it took)."""
@@ -134,19 +160,22 @@ def test_a_library_unseal_fails_closed_within_the_deadline_while_the_store_is_si
     time.sleep(1.0)
     normal_seal = seals.take()
     proxy.faults.blackhole()
+    starvation = Starvation()
     try:
         answers = _callers(lambda _, token: codec.unseal(token), tokens, BLACKHOLE)
     finally:
         proxy.faults.restore()
         seals.stop()
+        starved = starvation.stop()
     slowest = max(s for _, s in answers)
     print(
         f"{url.split(':')[0]} blackholed {BLACKHOLE:.0f} s, library: {len(answers)} unseals from {CALLERS} callers, "
-        f"slowest refused after {slowest:.2f} s; seal {_ms(seals.samples)} (before: {_ms(normal_seal)})"
+        f"slowest refused after {slowest:.2f} s (a sleeping thread overslept {starved:.2f} s at most); "
+        f"seal {_ms(seals.samples)} (before: {_ms(normal_seal)})"
     )
     assert all(isinstance(got, InvalidRequestState) for got, _ in answers), {type(g).__name__ for g, _ in answers}
     assert len(answers) >= CALLERS * (BLACKHOLE - 1) / (DEADLINE + SLACK)
-    assert slowest <= DEADLINE + SLACK
+    assert slowest <= DEADLINE + MARGIN + starved
     assert seals.errors == [] and len(seals.samples) > BLACKHOLE * 5 and _p99(seals.samples) < DEADLINE
     deadline = time.monotonic() + 10
     while True:  # served again without a restart (the refused tokens' writes may land late: docs/single-use.md)
@@ -195,6 +224,7 @@ def test_a_silent_store_delays_only_the_unseals_that_need_it(
         return int(callers[i].post("/v1/unseal", json={"audience": "svc", "token": token}).status_code)
 
     proxy.faults.blackhole()
+    starvation = Starvation()
     try:
         answers = _callers(unseal, tokens, BLACKHOLE)
         ready_took = float("inf")
@@ -206,16 +236,18 @@ def test_a_silent_store_delays_only_the_unseals_that_need_it(
         proxy.faults.restore()
         health.stop()
         seals.stop()
+        starved = starvation.stop()
     slowest = max(s for _, s in answers)
     print(
         f"{url.split(':')[0]} blackholed {BLACKHOLE:.0f} s, sidecar: {len(answers)} unseals from {CALLERS} callers "
-        f"{sorted({str(c) for c, _ in answers})}, slowest {slowest:.2f} s; /healthz {_ms(health.samples)} "
+        f"{sorted({str(c) for c, _ in answers})}, slowest {slowest:.2f} s (a sleeping thread here overslept "
+        f"{starved:.2f} s at most); /healthz {_ms(health.samples)} "
         f"(before: {_ms(normal_health)}); seal {_ms(seals.samples)} (before: {_ms(normal_seal)}); "
         f"/readyz {ready.status_code} in {ready_took * 1000:.0f} ms"
     )
     assert {c for c, _ in answers} == {503}
     assert len(answers) >= CALLERS * (BLACKHOLE - 1) / (DEADLINE + SLACK)
-    assert slowest <= DEADLINE + SLACK
+    assert slowest <= DEADLINE + MARGIN + starved  # the sidecar is another process on the same two cores
     # /readyz waits at most 0.2 s for its ping, never the store's 1 s deadline (the bound has slack for a busy host)
     assert ready.status_code == 503 and "replay" in ready.json()["down"] and ready_took < 1.0
     # milliseconds on a quiet host; never a store call's 1 s: before, one unseal held the loop for its whole wait,

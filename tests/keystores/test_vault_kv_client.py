@@ -4,11 +4,13 @@ verified with a CA bundle work as for transit, from the same settings."""
 from __future__ import annotations
 
 import secrets
+import time
 
 import pytest
 
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.errors import KeystoreUnavailable
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
 from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from tests.fixtures.openbao import OpenBao
@@ -20,7 +22,14 @@ def test_a_ring_in_a_namespace(openbao: OpenBao) -> None:
     openbao.api("POST", f"{namespace}/sys/mounts/kv", {"type": "kv", "options": {"version": "2"}})
     settings = VaultSettings(addr=openbao.addr, token=openbao.token, namespace=namespace)
     store = VaultKVKeystore("kv", "mrtr/keyring", client=VaultClient(settings))
-    ring = create_ring(store).ring
+    deadline = time.monotonic() + 30
+    while True:  # a mount just enabled as kv-v2 upgrades itself for a moment: a retry-later, not a refusal
+        try:
+            ring = create_ring(store).ring
+            break
+        except KeystoreUnavailable as exc:
+            assert "upgrading the KV mount 'kv'" in str(exc) and time.monotonic() < deadline, str(exc)
+            time.sleep(0.1)
     assert store.load() == ring and store.revision() == "1"
     stored = openbao.api("GET", f"{namespace}/kv/data/mrtr/keyring")["data"]
     assert stored["metadata"]["version"] == 1  # type: ignore[index]

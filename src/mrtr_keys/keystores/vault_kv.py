@@ -37,6 +37,10 @@ from mrtr_keys.ring.model import KeyRing
 FIELD = "keyring"
 """The KV field holding the ring's JSON document."""
 _CAS_MISMATCH = "check-and-set"
+_UPGRADING = "Upgrading from non-versioned to versioned data"
+"""Vault's HTTP 400 from a KV mount that is still becoming version 2 (just enabled as ``kv-v2``, or upgraded
+from version 1): "This backend will be unavailable for a brief period and will resume service shortly"
+(Vault and OpenBao source, ``builtin/logical/kv``). Not a refusal: the same read succeeds a moment later."""
 
 
 class VaultKVKeystore(RemoteKeystore):
@@ -181,6 +185,11 @@ class VaultKVKeystore(RemoteKeystore):
                 f"key ring {self.url} is unavailable ({exc}); nothing was changed, retry later"
             ) from None
         assert isinstance(exc, VaultRefused)
+        if exc.status == 400 and any(_UPGRADING in e for e in exc.errors):
+            raise KeystoreUnavailable(
+                f"key ring {self.url} is unavailable: Vault is upgrading the KV mount {self.mount!r} to version 2 "
+                "(a mount just enabled as kv-v2 does this for a moment); nothing was changed, retry later"
+            ) from None
         if exc.status == 403:
             need = "read" if op == "read" else "create and update"
             raise KeystoreError(
