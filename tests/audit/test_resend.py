@@ -88,6 +88,27 @@ def test_a_synchronous_write_retried_after_a_lost_commit_is_stored_once(
     assert sum(s["count"] for s in stats) == 6
 
 
+def test_a_ring_change_whose_record_was_cut_is_recorded_once_and_the_command_succeeds(
+    pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's record of a saved change is sent again while the store is unavailable (its connection
+    reset inside the record's transaction here; a commit slower than the write deadline is cut the same
+    way; a lost commit answer is settled as in the test above): before, `rotate` exited 1 with "the begin
+    was saved ... but not recorded in the audit log" (a PostgreSQL checkpoint stalling commits for 2.7 s
+    did it under the full suite), though the store was only slow."""
+    proxy, url = pg_fault_proxy
+    ring = tmp_path / "keyring.json"
+    monkeypatch.setenv("MRTR_KEYS_AUDIT", url)
+    assert cli("init", keystore=ring).code == 0
+    proxy.faults.reset_after(0, after=b"COPY audit_events")  # inside the record's transaction
+    res = cli("rotate", "begin", "--json", keystore=ring)
+    assert res.code == 0, res.err + res.out
+    assert proxy.faults.resets == 1
+    store = open_store(postgres_url)
+    assert [r.event.op for r in store.iter_query(Query())] == ["init", "begin"]
+    assert _twice(postgres_url) == 0 and verify(store.records()).ok
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "jsonl", "postgres"])
 def test_the_store_says_how_much_of_a_transaction_it_holds(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -54,7 +54,8 @@ class DirectWriter:
         (see the module docstring).
 
         Raises:
-            AuditError: the store could not be written (asked again on the next call).
+            AuditError: the store could not be written (asked again on the next call);
+                `AuditUnavailable` if it could not be reached or did not answer in time.
         """
         with self.chain.lock:
             try:
@@ -67,7 +68,7 @@ class DirectWriter:
             except Exception as exc:
                 self.failures += 1
                 self.error = str(exc) if isinstance(exc, AuditError) else f"{type(exc).__name__}: {exc}"
-                raise AuditError(self.error) from None
+                raise (type(exc) if isinstance(exc, AuditError) else AuditError)(self.error) from None
             self._stored(len(rows))
 
     def _settle(self, values: list[tuple[object, ...]]) -> bool:

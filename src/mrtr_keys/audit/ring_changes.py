@@ -17,12 +17,20 @@ import time
 from typing import TYPE_CHECKING, Literal
 
 from mrtr_keys.audit.events import FORCED, AuditEvent, format_ts, instance_id
-from mrtr_keys.errors import AuditError
+from mrtr_keys.errors import AuditError, AuditUnavailable
 
 if TYPE_CHECKING:
     from mrtr_keys.changes.apply import ChangeListener, ChangeResult
     from mrtr_keys.keystores import Keystore
     from mrtr_keys.ring.model import KeyRing
+
+
+RECORD_PATIENCE = 15.0
+"""Seconds a saved change keeps trying to record itself while the store is unavailable (a write cut
+at the store's deadline, a reset, a failover): the change is already saved, and a record lost for a
+store that was only slow (a PostgreSQL checkpoint stalling commits for seconds) is worse than a CLI
+that waits. Each retry re-sends the same event, stored once whether or not the cut one landed
+(`mrtr_keys.audit.direct.DirectWriter.append`)."""
 
 
 def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
@@ -64,7 +72,8 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
     `mrtr_keys.audit.stores.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
 
     The listener raises `AuditError` if the store cannot be written (the change itself is
-    already saved; the message says so).
+    already saved; the message says so): at once if the store refused the write, after trying for
+    up to `RECORD_PATIENCE` seconds if it was unavailable.
     """
 
     def listener(result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
@@ -75,8 +84,19 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
         url = resolve_url(audit, keystore.directory)
         if url is None:
             return
+        event = change_event(result)
+        give_up = time.monotonic() + RECORD_PATIENCE
+        delay = 0.2
         try:
-            shared_sink(url, keystore.directory).write_now([change_event(result)])
+            while True:
+                try:
+                    shared_sink(url, keystore.directory).write_now([event])
+                    break
+                except AuditUnavailable:
+                    if time.monotonic() + delay > give_up:
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
         except AuditError as exc:
             raise AuditError(
                 f"the {result.op} was saved (generation {result.ring.generation}) but not recorded in the "
