@@ -31,6 +31,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ElicitResult, InputRequiredResult, TextContent
 
@@ -60,7 +61,7 @@ async def connect(target: Target) -> AsyncIterator[Client]:
         async with Client(target) as client:
             yield client
         return
-    timeout = httpx2.Timeout(30.0, read=300.0)
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
     async with httpx2.AsyncClient(timeout=timeout, verify=_TLS) as http:
         async with Client(streamable_http_client(target, http_client=http)) as client:
             yield client
