@@ -54,16 +54,20 @@ test), for connections that are plain HTTP on loopback anyway."""
 
 
 @asynccontextmanager
-async def connect(target: Target) -> AsyncIterator[Client]:
+async def connect(
+    target: Target, *, headers: Mapping[str, str] | None = None, elicitation_callback: Any = None
+) -> AsyncIterator[Client]:
     """An open MCP `Client` to `target`: for a URL, streamable HTTP with the MCP SDK's own timeouts
-    (`mcp.shared._httpx_utils.create_mcp_http_client`) over an HTTP client sharing `_TLS`."""
+    (`mcp.shared._httpx_utils.create_mcp_http_client`) over an HTTP client sharing `_TLS`, sending
+    `headers` on every request; `elicitation_callback` as `Client` takes it."""
     if not isinstance(target, str):
-        async with Client(target) as client:
+        async with Client(target, elicitation_callback=elicitation_callback) as client:
             yield client
         return
     timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
-    async with httpx2.AsyncClient(timeout=timeout, verify=_TLS) as http:
-        async with Client(streamable_http_client(target, http_client=http)) as client:
+    async with httpx2.AsyncClient(timeout=timeout, verify=_TLS, headers=dict(headers or {})) as http:
+        transport = streamable_http_client(target, http_client=http)
+        async with Client(transport, elicitation_callback=elicitation_callback) as client:
             yield client
 
 

@@ -23,13 +23,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx2
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ElicitResult, InputRequiredResult
 
-from tests.e2e.servers import answers
+from tests.e2e.servers import answers, connect
 from tests.support.net import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,12 +276,10 @@ async def elicit(context: Any, params: Any) -> ElicitResult:
     return answers("eu-west-1")["region"]
 
 
-def _client(url: str, headers: Mapping[str, str] | None) -> Client:
-    """A Python SDK client declaring form elicitation (the TS SDK checks the capability before it asks)."""
-    if not headers:
-        return Client(url, elicitation_callback=elicit)
-    transport = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=dict(headers), timeout=30))
-    return Client(transport, elicitation_callback=elicit)
+def _client(url: str, headers: Mapping[str, str] | None) -> contextlib.AbstractAsyncContextManager[Client]:
+    """A Python SDK client declaring form elicitation (the TS SDK checks the capability before it asks),
+    over an HTTP client sharing the tests' one TLS context (`tests.e2e.servers.connect`)."""
+    return connect(url, headers=headers, elicitation_callback=elicit)
 
 
 async def py_first_round(url: str, headers: Mapping[str, str] | None = None) -> str:
