@@ -63,6 +63,9 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:
             pass
+    from mrtr_keys.cli.main import command
+
+    command()  # the Click command, built once here and shared by every fork
 
 
 def _keeper(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
