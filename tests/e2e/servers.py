@@ -16,7 +16,6 @@ session to pin a client to a process).
 from __future__ import annotations
 
 import os
-import ssl
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ElicitResult, InputRequiredResult, TextContent
 
 from mrtr_keys.example.app import QUESTION_KEY, TOOL_NAME
-from tests.support import zygote
+from tests.support import tls, zygote
 from tests.support.net import IN_USE, free_port, stop_process
 
 RING_KEY: tuple[str, ...] = ("--codec-from-ring",)
@@ -47,10 +46,10 @@ SDK_DEFAULT_KEY: tuple[str, ...] = ("--sdk-default-key",)
 Target = str | MCPServer
 """A server URL (streamable HTTP) or an in-process `MCPServer`."""
 
-_TLS = ssl.create_default_context()
-"""One TLS context for every round's HTTP client. `Client(url)` makes a new client per connection, and each
-builds its own context from the CA bundle: about 40 ms of CPU a round (two a flow, hundreds of flows a fleet
-test), for connections that are plain HTTP on loopback anyway."""
+_TLS = tls.CONTEXT
+"""One TLS context for every round's HTTP client (`tests.support.tls`). `Client(url)` makes a new client per
+connection, and each builds its own context from the CA bundle: about 40 ms of CPU a round (two a flow,
+hundreds of flows a fleet test), for connections that are plain HTTP on loopback anyway."""
 
 
 @asynccontextmanager

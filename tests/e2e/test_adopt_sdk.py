@@ -185,7 +185,12 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
             m.refused(other, before_promote[minted_on], f"pre-{minted_on}")
         for s in (b, c):
             assert "requestState rejected on tools/call: retired kid" in s.output()
-        refusals = m.cli("audit", "query", "--kid", kid, "--outcome", "rejected", "--json").json()
+        deadline = time.monotonic() + 15  # each server's audit writer ships within its longest wait
+        while True:  # (docs/audit.md, "Deadlines"): the refusals are on record shortly after they happen
+            refusals = m.cli("audit", "query", "--kid", kid, "--outcome", "rejected", "--json").json()
+            if len(refusals) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert [e["reason"] for e in refusals] == ["retired kid", "retired kid"]
         assert len({e["instance"] for e in refusals}) == 2
         destroyed = m.cli("keys", "destroy", kid).out

@@ -26,6 +26,7 @@ from tests.e2e.servers import ServerPool, first_round, retry_round, text_of
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
 from tests.fixtures.sidecar import start_sidecar
+from tests.support import tls
 
 pytestmark = pytest.mark.e2e
 
@@ -145,7 +146,7 @@ def test_a_ring_that_goes_back_is_refused_by_library_codecs_and_sidecars_under_t
                 )
                 traffic.wait_rounds(4)
                 for s in sidecars:
-                    ready = httpx.get(f"{s.url}/readyz", timeout=10)
+                    ready = httpx.get(f"{s.url}/readyz", timeout=10, verify=tls.CONTEXT)
                     assert ready.status_code == 200 and says in ready.json()["reload_error"]
                     assert ready.json()["generation"] == 2
             write(good)

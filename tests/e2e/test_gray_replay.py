@@ -31,6 +31,7 @@ from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.factory import request_state_security
 from tests.fixtures.audit import cli
+from tests.support import tls
 from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
@@ -191,7 +192,9 @@ def test_a_silent_store_delays_only_the_unseals_that_need_it(
     assert http.post("/v1/unseal", json={"audience": "svc", "token": tokens.pop()}).status_code == 200
 
     def ok(path: str, body: dict[str, str] | None) -> Callable[[], None]:
-        c = httpx.Client(base_url=side.url, timeout=10, headers={"authorization": f"Bearer {secret}"})
+        c = httpx.Client(
+            base_url=side.url, timeout=10, headers={"authorization": f"Bearer {secret}"}, verify=tls.CONTEXT
+        )
 
         def call() -> None:
             r = c.post(path, json=body) if body else c.get(path)
@@ -219,7 +222,7 @@ def test_a_silent_store_delays_only_the_unseals_that_need_it(
         ready_took = float("inf")
         for _ in range(3):  # the quickest of three: one answer delayed by a busy host is not the probe waiting
             t = time.monotonic()
-            ready = httpx.get(f"{side.url}/readyz", timeout=10)
+            ready = httpx.get(f"{side.url}/readyz", timeout=10, verify=tls.CONTEXT)
             ready_took = min(ready_took, time.monotonic() - t)
     finally:
         proxy.faults.restore()

@@ -30,6 +30,7 @@ from tests.fixtures.keystores import REMOTE_KINDS
 from tests.fixtures.moto_kms import AWS_ENV, REGION
 from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar, start_sidecar
+from tests.support import tls
 from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
@@ -154,7 +155,7 @@ def test_three_instances_through_rotation_and_an_outage(
 def _wait_ready_doc(s: Sidecar, secret: str, check: Any, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     doc: dict[str, Any] = {}
-    with httpx.Client(base_url=s.url, timeout=10) as http:
+    with httpx.Client(base_url=s.url, timeout=10, verify=tls.CONTEXT) as http:
         while time.monotonic() < deadline:
             doc = http.get("/readyz").json()
             if check(doc):

@@ -24,6 +24,7 @@ import httpx
 from mcp.shared.exceptions import MCPError
 
 from tests.e2e.servers import first_round, retry_round, text_of
+from tests.support import tls
 
 
 @dataclass
@@ -221,7 +222,7 @@ class _Clients:
         url = self._urls[name]
         client = self._clients.get(url)
         if client is None:
-            client = self._clients[url] = httpx.AsyncClient(base_url=url, timeout=15)
+            client = self._clients[url] = httpx.AsyncClient(base_url=url, timeout=15, verify=tls.CONTEXT)
         return client
 
     async def aclose(self) -> None:
