@@ -46,25 +46,21 @@ SDK_DEFAULT_KEY: tuple[str, ...] = ("--sdk-default-key",)
 Target = str | MCPServer
 """A server URL (streamable HTTP) or an in-process `MCPServer`."""
 
-_TLS = tls.CONTEXT
-"""One TLS context for every round's HTTP client (`tests.support.tls`). `Client(url)` makes a new client per
-connection, and each builds its own context from the CA bundle: about 40 ms of CPU a round (two a flow,
-hundreds of flows a fleet test), for connections that are plain HTTP on loopback anyway."""
-
 
 @asynccontextmanager
 async def connect(
     target: Target, *, headers: Mapping[str, str] | None = None, elicitation_callback: Any = None
 ) -> AsyncIterator[Client]:
     """An open MCP `Client` to `target`: for a URL, streamable HTTP with the MCP SDK's own timeouts
-    (`mcp.shared._httpx_utils.create_mcp_http_client`) over an HTTP client sharing `_TLS`, sending
+    (`mcp.shared._httpx_utils.create_mcp_http_client`) over an HTTP client sharing the tests' one TLS
+    context (`tests.support.tls`: `Client(url)` would build one per connection, two a round), sending
     `headers` on every request; `elicitation_callback` as `Client` takes it."""
     if not isinstance(target, str):
         async with Client(target, elicitation_callback=elicitation_callback) as client:
             yield client
         return
     timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
-    async with httpx2.AsyncClient(timeout=timeout, verify=_TLS, headers=dict(headers or {})) as http:
+    async with httpx2.AsyncClient(timeout=timeout, verify=tls.CONTEXT, headers=dict(headers or {})) as http:
         transport = streamable_http_client(target, http_client=http)
         async with Client(transport, elicitation_callback=elicitation_callback) as client:
             yield client
