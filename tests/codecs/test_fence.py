@@ -9,6 +9,7 @@ once and opens the token if the ring changed, and a flood of forged kids costs a
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -137,10 +138,10 @@ def test_an_unknown_kid_looks_at_the_keystore_once_and_opens_the_new_key(tmp_pat
 
     good = fleet.seal(b"x")
     started, checks = time.monotonic(), fence.watcher.checks
-    refused = 0
-    while time.monotonic() - started < 1.0 and refused < 1000:
+    for _ in range(1000):
         with pytest.raises(InvalidRequestState, match="unknown kid"):
             behind.unseal(_forged(good))
-        refused += 1
-    assert refused == 1000
-    assert fence.watcher.checks - checks <= 2  # at most one keystore check a second
+    took = time.monotonic() - started
+    # at most one keystore check a second (DEFAULT_LOOK_GAP): 2 when the 1,000 fit in a second, as on a quiet
+    # host; a busy host that stretches them over more seconds is allowed one more check for each
+    assert fence.watcher.checks - checks <= 1 + math.ceil(took), (fence.watcher.checks - checks, took)
