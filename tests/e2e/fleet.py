@@ -58,6 +58,9 @@ class FleetResult:
     """With ``control=True``: server A's answer to the same retry (a process always accepts its own token)."""
     logs: dict[str, str] = field(default_factory=dict)
     """Output of each server process, by instance label ("A", "B")."""
+    starts: int = 2
+    """Server processes started: 2, plus one for each restart on a new port after the first found its port
+    taken (`ServerPool.wait_ready`); each start opens the key ring, so per-process costs count per start."""
 
     @property
     def accepted(self) -> bool:
@@ -134,4 +137,5 @@ def run_fleet_round_trip(
         finally:
             pool.close()
         result.logs = {"A": a.output(), "B": b.output()}
+        result.starts = 2 + a.retries + b.retries
         return result

@@ -71,4 +71,6 @@ def test_fleet_two_processes_one_kms_ring(kms: KMSEnv, tmp_path: Path) -> None:
     assert result.request_state.startswith("mk1.")
     assert result.accepted, result.explain()
     assert result.text == "Provisioned 'orders' in eu-west-1. (served by B)"
-    assert kms.proxy.calls == {"Decrypt": 4}  # 2 processes x 2 usable data keys, none per round
+    # 2 usable data keys unwrapped once per process start, none per round (4 unless a server found its port
+    # taken and was started again on another: the first one had unwrapped its keys too)
+    assert kms.proxy.calls == {"Decrypt": 2 * result.starts}, result.starts
