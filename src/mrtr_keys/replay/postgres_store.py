@@ -148,8 +148,11 @@ class PostgresReplayStore:
         later joins the pool, or is closed if the pool is full).
 
         Raises:
-            TimeoutError: not connected in time. psycopg.Error, OSError: the connection failed.
+            TimeoutError: not connected in time (at once if `seconds` is not above 0: the caller's
+                deadline passed while it waited for a pool slot). psycopg.Error, OSError: the connection failed.
         """
+        if seconds <= 0:
+            raise TimeoutError("connect timed out")
         box: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(1)
         late = threading.Event()
 
