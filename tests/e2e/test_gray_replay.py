@@ -18,7 +18,6 @@ call's 1 s deadline.
 
 from __future__ import annotations
 
-import queue
 import statistics
 import threading
 import time
@@ -33,6 +32,7 @@ from mcp.server.mcpserver import InvalidRequestState
 from mrtr_keys.factory import request_state_security
 from tests.fixtures.audit import cli
 from tests.support import tls
+from tests.support.lateness import Relay
 from tests.support.proxy import CountingProxy
 
 pytestmark = pytest.mark.e2e
@@ -94,49 +94,6 @@ class Probe:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
-
-
-NAP = 0.01
-
-
-class Relay:
-    """How late a thread runs when another thread wakes it at a deadline, measured back to back until `stop`.
-
-    A refused call takes that path: a timer thread (the store's watchdog, or the lock or queue a caller waits on
-    with a timeout) wakes at the deadline, and the caller it releases must then get a core and the interpreter.
-    Here a timer thread sleeps until a due time `NAP` s ahead and sets an event that the probe thread waits on;
-    `overrun` is the most the probe thread woke after its due time: two wake-ups in a row, as a refusal has,
-    which no deadline can bound. A thread that only sleeps measures one of them: in one CI run a refusal came
-    1.45 s after its deadline while such a thread overslept 0.82 s at most."""
-
-    def __init__(self) -> None:
-        self.overrun = 0.0
-        self._due: queue.SimpleQueue[tuple[float, threading.Event] | None] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._timer, self._probe)]
-        for t in self._threads:
-            t.start()
-
-    def _timer(self) -> None:
-        while (item := self._due.get()) is not None:
-            due, woken = item
-            time.sleep(max(0.0, due - time.monotonic()))
-            woken.set()
-
-    def _probe(self) -> None:
-        while not self._stop.is_set():
-            due, woken = time.monotonic() + NAP, threading.Event()
-            self._due.put((due, woken))
-            woken.wait()
-            self.overrun = max(self.overrun, time.monotonic() - due)
-        self._due.put(None)
-
-    def stop(self) -> float:
-        """Stop probing; the largest overrun seen (seconds)."""
-        self._stop.set()
-        for t in self._threads:
-            t.join(10)
-        return self.overrun
 
 
 def _callers(call: Callable[[int, str], Any], tokens: list[str], seconds: float) -> list[tuple[Any, float]]:

@@ -29,10 +29,12 @@ from mrtr_keys.keystores import open_keystore
 from mrtr_keys.keystores.file import FileKeystore
 from tests.fixtures.openbao import OpenBao
 from tests.fixtures.sidecar import Sidecar
+from tests.support.lateness import Relay
 
 INTERVAL = 0.2
 SLACK = 1.0
-"""Seconds added to 3 intervals for a busy shared machine (HTTP polling, process scheduling)."""
+"""Seconds added to 3 intervals for HTTP polling and process scheduling, on top of how late `Relay` saw a
+woken thread run meanwhile (the suite's six workers share two cores)."""
 BOUND = 10.0
 
 
@@ -95,13 +97,16 @@ def test_each_unloadable_ring_shows_in_strict_readiness_within_three_intervals(
     }
     assert wait_for(200)[1]["generation"] == 2
     seen: dict[str, float] = {}
+    late: dict[str, float] = {}
     for name, (put, says) in cases.items():
         refusal = says == "like the loaded one"  # the one case the sidecar refuses rather than fails to load
         mark = len(s.output())
         if name not in ("same generation, other keys", "chmod 0644"):
             _clear(keystore_path)
-        put()
-        seen[name], doc = wait_for(503, "" if refusal else says, mark)  # the log line names what is there
+        with Relay() as relay:
+            put()
+            seen[name], doc = wait_for(503, "" if refusal else says, mark)  # the log line names what is there
+        late[name] = relay.overrun
         assert doc["generation"] == 2 and doc["reload_error"], (name, doc)
         if refusal:
             assert says in doc["reload_error"], (name, doc)  # a refusal is shown as such
@@ -116,7 +121,7 @@ def test_each_unloadable_ring_shows_in_strict_readiness_within_three_intervals(
         wait_for(200)
     assert s.proc.poll() is None
     for name, seconds in seen.items():
-        assert seconds < 3 * INTERVAL + SLACK, (name, seen)
+        assert seconds < 3 * INTERVAL + SLACK + late[name], (name, seen, late)
     print("seconds to strict 503:", {k: round(v, 3) for k, v in seen.items()})  # shown with pytest -s
 
 
@@ -136,6 +141,7 @@ def test_a_stuck_watcher_turns_strict_readiness_503_until_the_keystore_answers(
     secret = s.add_client("c", ["billing"])
     anon, client = s.http(), s.http(secret)
     assert anon.get("/readyz", params={"strict": "true"}).status_code == 200
+    relay = Relay()
     os.kill(openbao.proc.pid, signal.SIGSTOP)
     try:
         silent = time.monotonic()
@@ -154,10 +160,12 @@ def test_a_stuck_watcher_turns_strict_readiness_503_until_the_keystore_answers(
         assert sealed.status_code == 200  # sealing goes on with the loaded ring
     finally:
         os.kill(openbao.proc.pid, signal.SIGCONT)
+        late = relay.stop()
     t0 = time.monotonic()
     while anon.get("/readyz", params={"strict": "true"}).status_code != 200:
         assert time.monotonic() - t0 < BOUND, s.output()[-2000:]
         time.sleep(0.02)
     assert "mrtr_sidecar_ring_watcher_stuck 0.0" in anon.get("/metrics").text
-    assert stuck_after < 3 * INTERVAL * 1.2 + 3 * INTERVAL + SLACK, stuck_after  # a wait, 3 intervals, slack
+    # a wait, 3 intervals, slack, and how late a woken thread ran meanwhile
+    assert stuck_after < 3 * INTERVAL * 1.2 + 3 * INTERVAL + SLACK + late, (stuck_after, late)
     print(f"stuck watcher: strict 503 after {stuck_after:.2f} s, 200 again {time.monotonic() - t0:.2f} s after")
