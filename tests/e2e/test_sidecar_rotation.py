@@ -29,6 +29,7 @@ def test_rotation_under_traffic(tmp_path: Path, sidecar_factory: Any) -> None:
 
     stop = threading.Event()
     ops: list[int] = []
+    """The traffic thread of each completed round trip (seal, unseal by the codec, unseal over HTTP)."""
     failures: list[str] = []
     kids: set[str] = set()
 
@@ -46,30 +47,37 @@ def test_rotation_under_traffic(tmp_path: Path, sidecar_factory: Any) -> None:
             except Exception as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
             i += 1
-            ops.append(1)
+            ops.append(n)
+
+    def traffic_flows(rounds: int = 3) -> None:
+        """Wait until every traffic thread has made `rounds` more round trips (a phase is under traffic
+        however slow a busy host makes each one; before, the test counted round trips over fixed sleeps)."""
+        mark, deadline = len(ops), time.monotonic() + 30
+        while any(ops[mark:].count(n) < rounds for n in range(len(threads))):
+            assert time.monotonic() < deadline and not failures, (len(ops) - mark, failures)
+            time.sleep(0.02)
 
     threads = [threading.Thread(target=traffic, args=(n,)) for n in range(3)]
     for t in threads:
         t.start()
     try:
-        time.sleep(0.3)
+        traffic_flows()
         begun = run_step(store, "begin")
         s.wait_generation(secret, begun.ring.generation)
-        time.sleep(0.3)
+        traffic_flows()
         promoted = run_step(store, "promote")
         s.wait_generation(secret, promoted.ring.generation)
         assert s.codec("billing", secret).unseal(early) == b"sealed before the rotation"  # OLD still verifies
-        time.sleep(0.5)  # tokens sealed under OLD before the promote was loaded are all unsealed by now
+        traffic_flows()  # every thread sealed and unsealed again: no token sealed under OLD is left in flight
         retired = run_step(store, "retire", force=True)
         s.wait_generation(secret, retired.ring.generation)
-        time.sleep(0.3)
+        traffic_flows()
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=10)
 
     assert failures == []
-    assert len(ops) > 100
     assert kids == {old_kid, begun.details["new"]}
     with pytest.raises(InvalidRequestState):
         s.codec("billing", secret).unseal(early)
