@@ -9,6 +9,7 @@ level, inside functions and under TYPE_CHECKING alike), so a lazy import cannot 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,21 @@ def unit_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def imports(path: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+def imports(path: Path) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
     """(line, imported module, imported names) of every import in one file."""
+    return _imports_in(path.read_text())
+
+
+@functools.cache
+def _imports_in(text: str) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    # by text: the controls below check copies of the same files, and parsing is most of the check's time
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
             found.extend((node.lineno, a.name, ()) for a in node.names)
-    return [i for i in found if i[1] == "mrtr_keys" or i[1].startswith("mrtr_keys.")]
+    return tuple(i for i in found if i[1] == "mrtr_keys" or i[1].startswith("mrtr_keys."))
 
 
 def module_name(path: Path, src: Path = SRC) -> str:
