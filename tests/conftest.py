@@ -1,6 +1,7 @@
 """Loads every fixture module under tests/fixtures/ (one module per service or concern)."""
 
 import atexit
+import gc
 import os
 import pkgutil
 import sys
@@ -143,6 +144,20 @@ def _spread(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
         left -= size
     ordered.extend(fill)
     return ordered
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> object:
+    """Collection without the cyclic garbage collector, then everything alive (imported modules, the
+    collected tests) frozen out of its reach: every worker builds about a million objects importing and
+    collecting, which the collector otherwise walks again in each full collection while the tests run
+    (about 1.5 s of CPU a worker). Objects the tests make are collected as before."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
+        gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)
