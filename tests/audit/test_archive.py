@@ -16,7 +16,7 @@ from typing import Any
 
 import boto3
 import pytest
-from bench.audit_log import fill
+from bench.audit_log import DAY, fill
 
 from tests.fixtures.audit import cli
 from tests.fixtures.moto_kms import AWS_UNSET, REGION, aws_env
@@ -171,8 +171,8 @@ def test_retain_days_needs_a_bucket_with_object_lock(s3: Any, tmp_path: Path) ->
 
 def test_archive_of_a_postgresql_store_verifies(postgres_url: str, tmp_path: Path) -> None:
     cps, to = tmp_path / "checkpoints.jsonl", tmp_path / "archive"
-    fill(postgres_url, 3_000, tx=100)
-    result = _archive(postgres_url, cps, str(to))
+    fill(postgres_url, 3_000, tx=100, span=4 * DAY)  # 4 days, not 40: PostgreSQL makes a table a day
+    result = _archive(postgres_url, cps, str(to), "3d")
     assert result["archived"] == result["deleted"] > 500
     code, out = _verify(postgres_url, cps, str(to))
     assert code == 0 and out.startswith("ok: 3000 records in 3 chains"), out

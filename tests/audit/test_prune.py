@@ -1,8 +1,10 @@
 """`audit prune` keeps the proof, and the streaming `audit verify` (SQLite and PostgreSQL) still catches
 every edit, deletion, insertion and reordering of what remains, and any deletion that is not a prune.
 
-Logs are genuine (`bench.audit_log.fill`: the writer's own rows and chain), 12 000 events over the last
-40 days, in transactions of 500 on three chains, so a 30-day prune cuts every chain at a batch boundary.
+Logs are genuine (`bench.audit_log.fill`: the writer's own rows and chain), 4 000 events over the last
+4 days, in transactions of a 24th of them on three chains, so a 3-day prune cuts every chain at a batch
+boundary. (Four days, not forty: a PostgreSQL store makes a table for each day, and forty of them were
+most of these tests' time.)
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bench.audit_log import fill
+from bench.audit_log import DAY, fill
 
 from tests.fixtures.audit import cli, pg_exec, sqlite_exec
 
 EVENTS = 4_000
+SPAN = 4 * DAY
+"""Seconds the events are spread over, ending now."""
 TX = EVENTS // 24
-"""Events per transaction: each spans 1/24 of the 40 days the fill covers, so a cut at 30 days falls
-between whole batches of about a quarter of the log."""
+"""Events per transaction: each spans 1/24 of the `SPAN` the fill covers (4 hours), so a cut at 3 days
+falls between whole batches of about a quarter of the log."""
+BEFORE = "3d"
+"""The prune's cut: a quarter of `SPAN` into the log."""
 
 
 def _nth(n: int) -> str:
@@ -64,13 +70,13 @@ def _verify(url: str, cps: Path, *extra: str) -> dict[str, object]:
 
 def _pruned(url: str, tmp_path: Path) -> Path:
     cps = tmp_path / "checkpoints.jsonl"
-    fill(url, EVENTS, tx=TX)
-    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(cps), "--json")
+    fill(url, EVENTS, tx=TX, span=SPAN)
+    res = cli("audit", "prune", "--before", BEFORE, "--audit", url, "--checkpoints", str(cps), "--json")
     assert res.code == 0, res.err
     result = json.loads(res.out)
     assert (
         len(result["cuts"]) == 3 and EVENTS // 4 - TX <= result["deleted"] <= EVENTS // 4
-    )  # whole batches of 10 days' events
+    )  # whole batches of the first day's events
     return cps
 
 
@@ -84,7 +90,7 @@ def test_prune_then_verify_passes(store: tuple[str, Callable[..., None]], tmp_pa
     cut = json.loads(cps.read_text().splitlines()[-1])
     assert cut["kind"] == "prune" and all({"writer", "seq", "hash", "time"} <= set(c) for c in cut["cuts"])
     # a second prune with the same cut-off deletes nothing more and verify still passes
-    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(cps), "--json")
+    res = cli("audit", "prune", "--before", BEFORE, "--audit", url, "--checkpoints", str(cps), "--json")
     assert res.code == 0 and json.loads(res.out)["deleted"] == 0, res.err
     assert _verify(url, cps)["ok"]
 
@@ -103,7 +109,7 @@ def test_after_a_prune_tampering_with_what_remains_is_caught(
 
 def test_a_delete_that_is_not_a_prune_is_caught(store: tuple[str, Callable[..., None]], tmp_path: Path) -> None:
     url, execute = store
-    fill(url, EVENTS, tx=TX)
+    fill(url, EVENTS, tx=TX, span=SPAN)
     cps = tmp_path / "checkpoints.jsonl"
     seq = EVENTS // 7  # about the middle of each of the 3 chains
     execute(url, f"DELETE FROM audit_events WHERE time < (SELECT MIN(time) FROM audit_events WHERE seq = {seq})")
@@ -125,9 +131,9 @@ def test_after_a_prune_deleting_older_kept_rows_by_hand_is_caught(
 
 def test_prune_refuses_a_broken_log_and_deletes_nothing(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
-    fill(url, EVENTS, tx=TX)
+    fill(url, EVENTS, tx=TX, span=SPAN)
     sqlite_exec(url, f"UPDATE audit_events SET reason = 'innocent' WHERE id = {_nth(10)}")
-    res = cli("audit", "prune", "--before", "30d", "--audit", url, "--checkpoints", str(tmp_path / "cp.jsonl"))
+    res = cli("audit", "prune", "--before", BEFORE, "--audit", url, "--checkpoints", str(tmp_path / "cp.jsonl"))
     assert res.code != 0 and "not pruning" in res.err and "altered" in res.err
     assert len(res.err.strip().splitlines()) == 1
     assert not (tmp_path / "cp.jsonl").exists()
