@@ -65,7 +65,7 @@ ts-test: $(STAMP)
 # pays about 2.5 s of CPU to import and collect, and a fourth fills the time the others wait on a deadline or a
 # killed writer (measured 2026-12-03, four runs each: -n 3 35 to 37 s, -n 4 32 to 36 s, -n 5 and 6 no better).
 fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 4
+	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 4 --dist worksteal
 
 # make bench BENCH_ARGS='--docs' also refreshes docs/performance.md; BENCH_ARGS='sidecar' runs one part
 bench: $(STAMP)

@@ -75,6 +75,13 @@ LONG_FIRST = (
     ("e2e/test_audit_flaps.py::test_forty_flaps", 32),
     ("e2e/test_audit_flaps.py::test_a_sidecar_whose_audit_store_flaps", 32),
     ("audit/test_concurrent_start.py", 24),
+    # the fast loop's longest (pytest -m "not e2e"): started first, so none of them is left running alone at the end
+    ("service/test_fence_sidecar.py::test_a_sidecar_that_missed_a_promote_opens_the_new_key_after_one_look", 5),
+    ("replay/test_stores.py::test_a_postgres_connect_that_timed_out_leaves_no_socket_open", 4),
+    ("audit/test_shipping.py::test_a_killed_writer_loses_nothing_silently", 4),
+    ("service/test_parity.py::test_fast_path_and_fastapi_route_answer_alike", 3),
+    ("audit/test_sink.py::test_full_queue_counts_drops_logs_and_never_blocks_a_seal", 2),
+    ("test_support.py::test_the_proxy_blackholes_delays_resets_after_a_marker_and_flaps", 2),
 )
 """``path`` or ``path::test`` prefixes of the longest tests (one unit each, kept together: a module-scoped
 fixture is started once) and their rough wall time in seconds on a loaded 2-core host, longest first. The
