@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,28 @@ from bench.audit_log import fill
 from tests.fixtures.audit import cli
 
 
+@pytest.fixture(scope="module")
+def _archived_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("archived")
+    url, cps = f"sqlite://{root}/audit.db", root / "cps.jsonl"
+    fill(url, 1_500, tx=100)
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", "arch", "--checkpoints", str(cps))
+    finally:
+        os.chdir(here)
+    assert res.code == 0, res.err
+    return root
+
+
 @pytest.fixture
-def archived(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path, Path]:
-    """(store URL, checkpoint file, manifest path) after a 30-day archive to the relative ``arch``."""
+def archived(_archived_once: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path, Path]:
+    """(store URL, checkpoint file, manifest path) after a 30-day archive to the relative ``arch``: a
+    copy, file for file, of one made for the module (a copy is the same store: its checkpoints apply)."""
+    shutil.copytree(_archived_once, tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
     url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cps.jsonl"
-    fill(url, 1_500, tx=100)
-    res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", "arch", "--checkpoints", str(cps))
-    assert res.code == 0, res.err
     return url, cps, next((tmp_path / "arch" / "manifests").glob("*.json"))
 
 
