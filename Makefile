@@ -62,8 +62,10 @@ ts-test: $(STAMP)
 
 # the fast loop: every test but the end-to-end ones (marker e2e: subprocess servers, OpenBao, moto, the CLI).
 # The directories that are end to end as a whole are not even imported (tests/conftest.py). Four workers: each
-# pays about 2.5 s of CPU to import and collect, and a fourth fills the time the others wait on a deadline or a
-# killed writer (measured 2026-12-03, four runs each: -n 3 35 to 37 s, -n 4 32 to 36 s, -n 5 and 6 no better).
+# pays about 2.4 s of CPU to import and collect (the first 5 to 6 s of a run, all four at once), and a fourth
+# fills the time the others wait on a deadline or a killed writer (measured 2026-12-03, three runs each,
+# interleaved: -n 3 35.5 to 37.3 s, -n 4 35.1 to 36.4 s on the same busy host). worksteal and the fast loop's
+# longest tests first (LONG_FIRST in tests/conftest.py): the four workers end within half a second of each other.
 fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not e2e" -q -p no:cacheprovider -n 4 --dist worksteal
 
