@@ -4,7 +4,6 @@ import atexit
 import gc
 import os
 import pkgutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -185,20 +184,15 @@ def _service_param(item: pytest.Item) -> bool:
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """An xdist worker, done (its results are with the controller by now), leaves without tearing down
-    every imported module: that took 0.5 to 1.5 s of CPU per worker (MCP, FastAPI, boto3 in a large heap),
-    paid by every run and, for the last worker, on the suite's wall clock. The exit handlers still run, as
-    `tests/support/zygote.py` does for a CLI child."""
+    every imported module (`tests.support.zygote.leave`): that took 0.5 to 1.5 s of CPU per worker, paid by
+    every run and, for the last worker, on the suite's wall clock."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         atexit.register(_leave_at_once)
 
 
 def _leave_at_once() -> None:
-    # registered last, so the interpreter calls it first: run every other handler once, then leave
+    # registered last, so the interpreter calls it first: every other handler runs once, inside `leave`
+    from tests.support.zygote import leave
+
     atexit.unregister(_leave_at_once)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # a closed stream has nothing left to flush
-            pass
-    os._exit(0)
+    leave(0)
