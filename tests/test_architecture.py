@@ -45,7 +45,11 @@ def unit_of(module: str) -> str:
 
 def imports(path: Path) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
     """(line, imported module, imported names) of every import in one file."""
-    return _imports_in(path.read_text())
+    try:
+        return _imports_in(path.read_text())
+    except SyntaxError as exc:
+        exc.filename = str(path)  # parsed by text (cached), so name the file the error is in
+        raise
 
 
 @functools.cache
