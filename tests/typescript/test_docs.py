@@ -52,7 +52,7 @@ def _stop(groups: list[int]) -> None:
         time.sleep(0.3)
 
 
-def _run_page(root: Path) -> list[str]:
+def _run_page(root: Path, deadline: float) -> list[str]:
     page = parse_page(PAGE)
     work, checkout = root / "work", root / "checkout"
     work.mkdir(parents=True)
@@ -81,8 +81,8 @@ def _run_page(root: Path) -> list[str]:
                     start_new_session=True,
                 )
             groups.append(proc.pid)
-            try:
-                code = proc.wait(timeout=300)
+            try:  # a block that hangs fails here, with its output, before pytest-timeout would stop the test
+                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 code = -1
             output = out.read_text()
@@ -99,10 +99,16 @@ class PortTakenError(Exception):
     """A server the page started found its port taken meanwhile (not the page's fault)."""
 
 
+PAGE_SECONDS = 240.0
+"""How long the page's blocks may take in all (about 20 s on this machine, nearly all of it npm)."""
+
+
+@pytest.mark.timeout(PAGE_SECONDS + 60)
 def test_the_typescript_page_runs_as_written(tmp_path: Path) -> None:
+    deadline = time.monotonic() + PAGE_SECONDS
     for attempt in range(3):
         try:
-            outputs = _run_page(tmp_path / f"attempt{attempt}")
+            outputs = _run_page(tmp_path / f"attempt{attempt}", deadline)
             break
         except PortTakenError:
             continue
