@@ -203,8 +203,13 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         # The audit log: the init is marked as the SDK format; seals by kid show the move.
         init_events = m.cli("audit", "query", "--op", "init", "--json").json()
         assert [(e["kid"], e["reason"]) for e in init_events] == [(kid, "sdk-v1")]
-        stats = m.cli("audit", "stats", "--by", "kid", "--op", "seal", "--since", "5m", "--json").json()
-        sealed = {row["key"]: row["count"] for row in stats}
+        deadline = time.monotonic() + 15  # the last round's seals are on record within the writer's longest wait
+        while True:
+            stats = m.cli("audit", "stats", "--by", "kid", "--op", "seal", "--since", "5m", "--json").json()
+            sealed = {row["key"]: row["count"] for row in stats}
+            if (sealed.get(kid, 0) >= 6 and sealed.get(new_kid, 0) >= 8) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         instances = m.cli("audit", "stats", "--by", "instance", "--json").json()
         assert ring_instances <= {row["key"] for row in instances}
         assert sealed[kid] >= 6 and sealed[new_kid] >= 8
