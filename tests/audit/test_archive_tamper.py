@@ -30,12 +30,9 @@ def _archived_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("archived")
     url, cps = f"sqlite://{root}/audit.db", root / "cps.jsonl"
     fill(url, 1_500, tx=100)
-    here = os.getcwd()
-    os.chdir(root)
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the archive goes to the relative ``arch``
+        mp.chdir(root)
         res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", "arch", "--checkpoints", str(cps))
-    finally:
-        os.chdir(here)
     assert res.code == 0, res.err
     return root
 
