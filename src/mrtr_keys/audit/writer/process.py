@@ -152,9 +152,9 @@ class ProcessWriter:
     def _exited(self, lost: int, message: str) -> None:
         if self.closing and not lost:
             return  # close(): the child ended because we closed its pipe
-        self._failed(f"{message}; {plural(lost, 'event')} lost" if lost else message)
-        if lost:
+        if lost:  # counted first: whoever reads the error below (unhealthy, "N events lost") reads the count too
             self._lose(lost, message)
+        self._failed(f"{message}; {plural(lost, 'event')} lost" if lost else message)
 
     def wait_acked(self, timeout: float) -> bool:
         """True once everything shipped so far is stored (False on timeout, death or store error)."""
