@@ -9,6 +9,8 @@ failure (issue 22):
   ends. `restore` lets the held bytes through again (as TCP retransmission
   would), so a client that gave up sees its old connection's late answer.
 * **latency** (`Faults.latency`): every chunk waits this many seconds before it is forwarded.
+* **throttle** (`Faults.throttle`): a slow link, not a slow answer: every chunk waits its length divided by a
+  rate in bytes a second, so a short exchange passes in time and a large upload does not.
 * **reset after N bytes** (`Faults.reset_after`): once a marker has gone up (say PostgreSQL's
   ``COMMIT``), N more bytes go down and then the connection is reset: the server applied the
   command and the client never hears so.
@@ -37,6 +39,7 @@ class Faults:
         self._open.set()
         self._lock = threading.Lock()
         self.delay = 0.0
+        self.rate = 0.0
         self._armed: tuple[bytes, int] | None = None
         self._resetting: dict[int, int] = {}
         self.resets = 0
@@ -53,9 +56,9 @@ class Faults:
         self._open.clear()
 
     def restore(self) -> None:
-        """End a blackhole, latency and any armed reset (held bytes go through now)."""
+        """End a blackhole, latency, throttle and any armed reset (held bytes go through now)."""
         with self._lock:
-            self.delay = 0.0
+            self.delay = self.rate = 0.0
             self._armed = None
         self._open.set()
 
@@ -70,6 +73,11 @@ class Faults:
     def latency(self, seconds: float) -> None:
         """Hold every forwarded chunk `seconds` first (0 ends it)."""
         self.delay = float(seconds)
+
+    def throttle(self, bytes_per_second: float) -> None:
+        """Pass at most about `bytes_per_second` on each connection and direction (every chunk waits
+        ``len(chunk) / bytes_per_second`` s before it is forwarded; 0 ends it)."""
+        self.rate = float(bytes_per_second)
 
     def reset_after(self, nbytes: int, *, after: bytes = b"") -> None:
         """Once: after `after` has gone up a connection (at once if empty), forward `nbytes` more bytes
@@ -111,6 +119,8 @@ class Faults:
         if self.delay:
             time.sleep(self.delay)
             self._open.wait()
+        if rate := self.rate:
+            time.sleep(len(data) / rate)
         if self._armed is None and not self._resetting:
             return data
         with self._lock:
