@@ -244,3 +244,39 @@ def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with
     assert [r.seq for r in records] == list(range(1, 9_001))
     assert {r.writer for r in records} == {f"{sink.writer}/p1"}
     assert verify(records).ok
+
+
+def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_event(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A store that answers, slowly (issue 22's gray failure, as a congested link or a starved host
+    plays it): a transaction of `MAX_TX_EVENTS` cannot finish within `WRITE_DEADLINE`, a few hundred
+    events can. The writer stores the backlog in smaller transactions instead of retrying the one
+    that never fits: every event once, in order, on one chain that verifies, nothing dropped."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
+        try:
+            sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
+            assert sink.flush(timeout=30)  # connected, tables made, at full speed
+            # about 200 bytes a row up the link: 2,000 rows take 4 s against the 2 s deadline, 500 take 1 s
+            proxy.faults.throttle(100_000)
+            for i in range(1, 4_000):
+                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+            deadline = time.monotonic() + 90
+            while not sink.flush(timeout=5):  # False at once while the writer reports a failed write
+                assert time.monotonic() < deadline, sink.last_error
+                time.sleep(0.2)
+            assert sink.dropped == 0 and sink.healthy
+        finally:
+            sink.close()
+    store = open_store(postgres_url)
+    try:
+        records = list(store.records())
+    finally:
+        store.close()
+    assert [r.event.generation for r in records] == list(range(4_000))
+    assert [r.seq for r in records] == list(range(1, 4_001))
+    assert {r.writer for r in records} == {f"{sink.writer}/p1"}
+    assert verify(records).ok

@@ -49,6 +49,10 @@ SYNC = -1
 HEADER = struct.Struct("<I")
 MAX_TX_EVENTS = 2_000
 """Most events per store transaction (queued batches are merged up to this)."""
+MIN_TX_EVENTS = 50
+"""Fewest events a transaction is cut down to while writes keep failing (`_Storer`)."""
+GROW_SECONDS = 0.5
+"""A transaction stored within this many seconds lets the next one be twice as large again (`_Storer`)."""
 MAX_FINGERPRINT_CACHE = 1_024
 """Tokens whose fingerprint is kept for the matching unseal (a seal and its unseal in one batch)."""
 READ_CHUNK = 1 << 20
@@ -129,7 +133,15 @@ class _Storer:
 
     The chain is linked here only, right before the first append that stores it, and the same
     linked rows are re-sent until stored (no other transaction is linked meanwhile), so chain order
-    is storage order and a failure leaves no gap, no fork and no duplicate (`_append`)."""
+    is storage order and a failure leaves no gap, no fork and no duplicate (`_append`).
+
+    A store that answers too slowly for a whole transaction (a congested link, a starved server: the
+    PostgreSQL store cuts a write at `mrtr_keys.audit.stores.postgres.WRITE_DEADLINE`) would fail the
+    same transaction forever. So `size`, the most events stored in one transaction, halves after every
+    failed write (down to `MIN_TX_EVENTS`); a transaction the store did not take is linked again in
+    parts of that size. It doubles again after a write that took under `GROW_SECONDS` (up to
+    `MAX_TX_EVENTS`), so a store that is only slow settles on transactions it can take, and one that is
+    fast again is back to full ones within a few writes (docs/audit.md, "Deadlines")."""
 
     def __init__(self, url: str, writer: str, status_fd: int, parent: int) -> None:
         from mrtr_keys.audit.chain import ChainWriter
@@ -139,6 +151,7 @@ class _Storer:
         self.store: Any = None
         self.stored = self.acked = self.last_seq = 0
         self.last_ack = 0.0
+        self.size = MAX_TX_EVENTS
 
     def ack(self) -> None:
         _report(self.status_fd, self.last_seq, self.stored, None)
@@ -188,35 +201,52 @@ class _Storer:
             slot.end(status)
 
     def _append(self, rows: list[tuple[object, ...]]) -> bool:
-        """Link `rows` once and store them, retrying while the store fails. A failed append may
-        have landed (the answer to a commit lost with its connection): before each retry the store
-        says how much of it it holds (`stored_prefix`), and only the rest is sent, so a retried
-        transaction is stored exactly once and the chain keeps no duplicate (issue 22)."""
+        """Store `rows` in transactions of at most `size` events, each linked once, retrying while
+        the store fails. A failed append may have landed (the answer to a commit lost with its
+        connection): before each retry the store says how much of it it holds (`stored_prefix`), and
+        only the rest is sent, so a retried transaction is stored exactly once and the chain keeps
+        no duplicate (issue 22). One the store holds none of, and that is larger than `size` now, is
+        unlinked (`ChainWriter.rollback`) and linked again as a smaller first part."""
         from mrtr_keys.audit.stores.base import stored_prefix
         from mrtr_keys.audit.stores.url import open_store
 
         delay, failing_since = RETRY_MIN, 0.0
-        linked: list[tuple[object, ...]] | None = None
-        in_doubt = False
-        while True:
+        done = 0  # rows of `rows` stored
+        linked: list[tuple[object, ...]] | None = None  # the transaction being stored
+        in_doubt = False  # an append of `linked` was tried and failed
+        while done < len(rows):
             try:
                 if self.store is None:
                     self.store = open_store(self.url)
+                held = 0
+                if linked is not None and in_doubt:
+                    held = stored_prefix(self.store, linked)
+                    if held == 0 and len(linked) > self.size:
+                        self.links.rollback()
+                        linked = None
                 if linked is None:
-                    linked = self.links.link_rows(rows)
-                todo = linked[stored_prefix(self.store, linked) :] if in_doubt else linked
+                    linked = self.links.link_rows(rows[done : done + self.size])
                 in_doubt = True
-                self.store.append_rows(todo)
-                return True
+                began = time.monotonic()
+                self.store.append_rows(linked[held:])
+                if time.monotonic() - began < GROW_SECONDS:
+                    self.size = min(MAX_TX_EVENTS, self.size * 2)
+                done += len(linked)
+                linked, in_doubt = None, False
+                delay, failing_since = RETRY_MIN, 0.0
             except Exception as exc:
                 _report(self.status_fd, 0, 0, _describe(exc))
+                self.size = max(MIN_TX_EVENTS, self.size // 2)
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if os.getppid() != self.parent and now - failing_since > ORPHAN_GIVE_UP:
-                    print(f"mrtr-keys audit writer: parent gone, giving up on {len(rows)} events", file=sys.stderr)
+                    print(
+                        f"mrtr-keys audit writer: parent gone, giving up on {len(rows) - done} events", file=sys.stderr
+                    )
                     return False
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
+        return True
 
 
 class _Slot:
