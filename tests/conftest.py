@@ -80,7 +80,7 @@ LONG_FIRST = (
     ("audit/test_shipping.py::test_a_killed_writer_loses_nothing_silently", 4),
     ("service/test_parity.py::test_fast_path_and_fastapi_route_answer_alike", 3),
     ("audit/test_sink.py::test_full_queue_counts_drops_logs_and_never_blocks_a_seal", 2),
-    ("test_support.py::test_the_proxy_blackholes_delays_resets_after_a_marker_and_flaps", 2),
+    ("test_support.py::test_the_proxy_blackholes_delays_throttles_resets_after_a_marker_and_flaps", 3),
 )
 """``path`` or ``path::test`` prefixes of the longest tests (one unit each, kept together: a module-scoped
 fixture is started once) and their rough wall time in seconds on a loaded 2-core host, longest first. The

@@ -137,7 +137,7 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_the_proxy_blackholes_delays_resets_after_a_marker_and_flaps(upstream: int) -> None:
+def test_the_proxy_blackholes_delays_throttles_resets_after_a_marker_and_flaps(upstream: int) -> None:
     with CountingProxy(upstream) as proxy:
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=0.5)
         assert _post(proxy.port, b"a", conn=conn) == b"echo:a"
@@ -150,6 +150,14 @@ def test_the_proxy_blackholes_delays_resets_after_a_marker_and_flaps(upstream: i
         assert _post(proxy.port, b"c") == b"echo:c"
         assert time.monotonic() - started >= 0.6  # each way
         proxy.faults.latency(0)
+        proxy.faults.throttle(200_000)  # a slow link: a short exchange passes, a large upload takes its time
+        started = time.monotonic()
+        assert _post(proxy.port, b"e") == b"echo:e"
+        short = time.monotonic() - started
+        started = time.monotonic()
+        assert _post(proxy.port, b"f" * 100_000) == b"echo:" + b"f" * 100_000
+        assert time.monotonic() - started >= 0.9 > short  # 100 kB up and back at 200 kB/s
+        proxy.faults.restore()
         proxy.faults.reset_after(0, after=b"marker")
         assert _post(proxy.port, b"plain") == b"echo:plain"  # not armed by this one
         with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
