@@ -9,7 +9,9 @@ a restart.
 A failed append may have landed (a cut connection loses the answer to a commit the server
 applied). Its linked rows are kept "in doubt" and, before the next append, the store says how much
 of them it holds (`mrtr_keys.audit.stores.base.stored_prefix`): what landed stays (the rest is
-sent), what did not is unlinked; a retry of the same values is then not stored a second time.
+sent), what did not is unlinked; a retry of the same values is then not stored a second time. A
+failed batch is stored again in smaller transactions (`mrtr_keys.audit.tx_size`), so a store that is
+slow, not down, still takes it.
 """
 
 from __future__ import annotations
@@ -22,20 +24,25 @@ from collections.abc import Sequence
 from mrtr_keys.audit.chain import ChainWriter, event_values
 from mrtr_keys.audit.events import OP_RING_LOADED, AuditEvent, format_ts, instance_id
 from mrtr_keys.audit.stores.base import AuditStore, stored_prefix
+from mrtr_keys.audit.tx_size import TransactionSize
 from mrtr_keys.errors import AuditError
 
 logger = logging.getLogger("mrtr_keys.audit")
 
 RETRY_MIN, RETRY_MAX = 0.05, 2.0
 """Backoff (seconds) between retries of unrecorded synchronous events and store probes."""
+DEFAULT_MOST = 2_000
+"""Most events per transaction unless the caller says (the sink passes its batch size)."""
 
 
 class DirectWriter:
     """Synchronous appends to `store` on chain `writer` (see the module docstring)."""
 
-    def __init__(self, store: AuditStore, writer: str) -> None:
+    def __init__(self, store: AuditStore, writer: str, *, most: int = DEFAULT_MOST) -> None:
         self.store = store
         self.chain = ChainWriter(writer)
+        self.size = TransactionSize(most)
+        """Events per transaction now (`most` until a write fails; `mrtr_keys.audit.tx_size`)."""
         self.error: str | None = None
         """Why the last append or probe failed (None once one succeeded)."""
         self.written = 0
@@ -45,13 +52,16 @@ class DirectWriter:
         self._count_lock = threading.Lock()
         self._retry_at = 0.0
         self._retry_delay = RETRY_MIN
-        self._doubt: tuple[list[tuple[object, ...]], list[tuple[object, ...]]] | None = None
-        """(linked rows, their values) of the last failed append, until the store said what it holds."""
+        self._doubt: tuple[list[tuple[object, ...]], list[tuple[object, ...]], int] | None = None
+        """(linked rows, the values they were cut from, where in them they start) of the last failed
+        append, until the store said what it holds."""
 
     def append(self, values: list[tuple[object, ...]]) -> None:
-        """Chain value tuples (`FIELDS` order) and store them in one transaction. After a failed
-        append, the same `values` again are stored once, whether or not the failed one landed
-        (see the module docstring).
+        """Chain value tuples (`FIELDS` order) and store them: in one transaction while writes
+        succeed, after a failed one in parts of ``size.now`` (`mrtr_keys.audit.tx_size`: a store too
+        slow for the whole batch within its write deadline still takes it). After a failed append,
+        the same `values` again are stored once, whether or not the failed part landed, going on
+        after the parts already stored (see the module docstring).
 
         Raises:
             AuditError: the store could not be written (asked again on the next call);
@@ -59,33 +69,41 @@ class DirectWriter:
         """
         with self.chain.lock:
             try:
-                if self._doubt is not None and self._settle(values):
-                    return
-                rows = self.chain.link_values(values)
-                self._doubt = (rows, values)
-                self.store.append_rows(rows)
-                self._doubt = None
+                start = self._settle(values) if self._doubt is not None else 0
+                while start < len(values):
+                    part = values[start : start + self.size.now]
+                    rows = self.chain.link_values(part)
+                    self._doubt = (rows, values, start)
+                    began = time.monotonic()
+                    self.store.append_rows(rows)
+                    self.size.stored(time.monotonic() - began)
+                    self._doubt = None
+                    self._stored(len(rows))
+                    start += len(part)
             except Exception as exc:
                 self.failures += 1
+                self.size.failed()
                 self.error = str(exc) if isinstance(exc, AuditError) else f"{type(exc).__name__}: {exc}"
                 raise (type(exc) if isinstance(exc, AuditError) else AuditError)(self.error) from None
-            self._stored(len(rows))
 
-    def _settle(self, values: list[tuple[object, ...]]) -> bool:
+    def _settle(self, values: list[tuple[object, ...]]) -> int:
         """Resolve the append in doubt (call with the chain lock held): keep and complete what the
-        store holds of it, unlink it if nothing. True if `values` are the doubted ones, now stored."""
+        store holds of it, unlink it if nothing. Returns where to go on in `values`: if they are the
+        values the doubted part was cut from, after it (it is stored now) or at its start (it was
+        unlinked); else at 0."""
         assert self._doubt is not None
-        rows, sent = self._doubt
+        rows, sent, start = self._doubt
+        same = values == sent
         held = stored_prefix(self.store, rows)
         if held == 0:
             self.chain.rollback()
             self._doubt = None
-            return False
+            return start if same else 0
         if held < len(rows):
             self.store.append_rows(rows[held:])
         self._doubt = None
         self._stored(len(rows))
-        return values == sent
+        return start + len(rows) if same else 0
 
     def _stored(self, n: int) -> None:
         with self._count_lock:

@@ -124,7 +124,7 @@ class AuditSink:
         """Queue one `AuditItem` (`AuditQueue.submit`: slowed past the high-water mark; never raises)."""
         self.submit_many = q.submit_many
         """Queue a list of `AuditItem` in order under one lock (`AuditQueue.submit_many`)."""
-        self._direct = DirectWriter(self.store, f"{instance_id()}#{next(_writer_ids)}")
+        self._direct = DirectWriter(self.store, f"{instance_id()}#{next(_writer_ids)}", most=self.batch)
         self._cond = threading.Condition()
         self._flush_requested = 0
         self._flush_done = 0

@@ -49,10 +49,6 @@ SYNC = -1
 HEADER = struct.Struct("<I")
 MAX_TX_EVENTS = 2_000
 """Most events per store transaction (queued batches are merged up to this)."""
-MIN_TX_EVENTS = 50
-"""Fewest events a transaction is cut down to while writes keep failing (`_Storer`)."""
-GROW_SECONDS = 0.5
-"""A transaction stored within this many seconds lets the next one be twice as large again (`_Storer`)."""
 MAX_FINGERPRINT_CACHE = 1_024
 """Tokens whose fingerprint is kept for the matching unseal (a seal and its unseal in one batch)."""
 READ_CHUNK = 1 << 20
@@ -135,23 +131,20 @@ class _Storer:
     linked rows are re-sent until stored (no other transaction is linked meanwhile), so chain order
     is storage order and a failure leaves no gap, no fork and no duplicate (`_append`).
 
-    A store that answers too slowly for a whole transaction (a congested link, a starved server: the
-    PostgreSQL store cuts a write at `mrtr_keys.audit.stores.postgres.WRITE_DEADLINE`) would fail the
-    same transaction forever. So `size`, the most events stored in one transaction, halves after every
-    failed write (down to `MIN_TX_EVENTS`); a transaction the store did not take is linked again in
-    parts of that size. It doubles again after a write that took under `GROW_SECONDS` (up to
-    `MAX_TX_EVENTS`), so a store that is only slow settles on transactions it can take, and one that is
-    fast again is back to full ones within a few writes (docs/audit.md, "Deadlines")."""
+    A transaction the store did not take is stored again in parts of `size` events
+    (`mrtr_keys.audit.tx_size.TransactionSize`: halved after a failed write, doubled after a quick
+    one), so a store too slow for a whole transaction within its write deadline still takes them."""
 
     def __init__(self, url: str, writer: str, status_fd: int, parent: int) -> None:
         from mrtr_keys.audit.chain import ChainWriter
+        from mrtr_keys.audit.tx_size import TransactionSize
 
         self.url, self.status_fd, self.parent = url, status_fd, parent
         self.links = ChainWriter(writer)
         self.store: Any = None
         self.stored = self.acked = self.last_seq = 0
         self.last_ack = 0.0
-        self.size = MAX_TX_EVENTS
+        self.size = TransactionSize(MAX_TX_EVENTS)
 
     def ack(self) -> None:
         _report(self.status_fd, self.last_seq, self.stored, None)
@@ -201,11 +194,11 @@ class _Storer:
             slot.end(status)
 
     def _append(self, rows: list[tuple[object, ...]]) -> bool:
-        """Store `rows` in transactions of at most `size` events, each linked once, retrying while
+        """Store `rows` in transactions of at most ``size.now`` events, each linked once, retrying while
         the store fails. A failed append may have landed (the answer to a commit lost with its
         connection): before each retry the store says how much of it it holds (`stored_prefix`), and
         only the rest is sent, so a retried transaction is stored exactly once and the chain keeps
-        no duplicate (issue 22). One the store holds none of, and that is larger than `size` now, is
+        no duplicate (issue 22). One the store holds none of, and that is larger than ``size.now``, is
         unlinked (`ChainWriter.rollback`) and linked again as a smaller first part."""
         from mrtr_keys.audit.stores.base import stored_prefix
         from mrtr_keys.audit.stores.url import open_store
@@ -221,22 +214,21 @@ class _Storer:
                 held = 0
                 if linked is not None and in_doubt:
                     held = stored_prefix(self.store, linked)
-                    if held == 0 and len(linked) > self.size:
+                    if held == 0 and len(linked) > self.size.now:
                         self.links.rollback()
                         linked = None
                 if linked is None:
-                    linked = self.links.link_rows(rows[done : done + self.size])
+                    linked = self.links.link_rows(rows[done : done + self.size.now])
                 in_doubt = True
                 began = time.monotonic()
                 self.store.append_rows(linked[held:])
-                if time.monotonic() - began < GROW_SECONDS:
-                    self.size = min(MAX_TX_EVENTS, self.size * 2)
+                self.size.stored(time.monotonic() - began)
                 done += len(linked)
                 linked, in_doubt = None, False
                 delay, failing_since = RETRY_MIN, 0.0
             except Exception as exc:
                 _report(self.status_fd, 0, 0, _describe(exc))
-                self.size = max(MIN_TX_EVENTS, self.size // 2)
+                self.size.failed()
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if os.getppid() != self.parent and now - failing_since > ORPHAN_GIVE_UP:
