@@ -24,17 +24,19 @@ import threading
 import time
 
 
-class _Guard:
+class Guard:
     """One guarded call (a context manager; `fired` is True once its deadline cut the socket)."""
 
-    __slots__ = ("active", "deadline", "fd", "fired", "watchdog")
+    __slots__ = ("active", "deadline", "fd", "fired", "seconds", "watchdog")
 
     def __init__(self, watchdog: Watchdog, fd: int, seconds: float) -> None:
         self.watchdog, self.fd, self.deadline = watchdog, fd, seconds
+        self.seconds = seconds
+        """The deadline, in seconds from the block's start (for messages)."""
         self.active = True
         self.fired = False
 
-    def __enter__(self) -> _Guard:
+    def __enter__(self) -> Guard:
         self.deadline += time.monotonic()
         self.watchdog._add(self)
         return self
@@ -49,19 +51,19 @@ class Watchdog:
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, _Guard]] = []
+        self._heap: list[tuple[float, int, Guard]] = []
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self.fired = 0
         """Guarded calls cut at their deadline so far."""
 
-    def guard(self, fd: int, seconds: float) -> _Guard:
+    def guard(self, fd: int, seconds: float) -> Guard:
         """A context manager: the socket `fd` is shut down if the block is still running after
         `seconds`. Its ``fired`` is then True (the caller may say "timed out" rather than "connection
         lost")."""
-        return _Guard(self, fd, seconds)
+        return Guard(self, fd, seconds)
 
-    def _add(self, guard: _Guard) -> None:
+    def _add(self, guard: Guard) -> None:
         with self._cond:
             heap = self._heap
             heapq.heappush(heap, (guard.deadline, next(self._ids), guard))

@@ -248,7 +248,7 @@ def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_event(
-    tmp_path: Path, postgres_url: str, mode: str
+    tmp_path: Path, postgres_url: str, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A store that answers, slowly (issue 22's gray failure, as a congested link or a starved host
     plays it): a transaction of 2 000 events cannot finish within the store's write deadline (2 s), a
@@ -271,6 +271,7 @@ def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_ev
                 time.sleep(0.2)
             assert sink.dropped == 0 and sink.healthy
             assert sink.write_failures > 0  # a transaction was cut at the deadline: the slow link was what it says
+            assert "not done within its 2 s deadline" in caplog.text  # said so, not "server closed the connection"
         finally:
             sink.close()
     store = open_store(postgres_url)

@@ -25,7 +25,7 @@ from mrtr_keys.audit.stores import hours
 from mrtr_keys.audit.stores import pg_layout as layout
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.sql import SQLStore
-from mrtr_keys.deadlines import WATCHDOG
+from mrtr_keys.deadlines import WATCHDOG, Guard
 from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 from mrtr_keys.urls import redact
 
@@ -254,7 +254,7 @@ class PostgresStore(SQLStore):
         # recount cannot see yet adds its counts after it, one that committed is seen by it.
         cur.execute("LOCK TABLE audit_hours IN SHARE ROW EXCLUSIVE MODE")
 
-    def _deadline(self, verb: str) -> Any:
+    def _deadline(self, verb: str) -> Guard:
         long = verb in ("read", _DROP, hours.RECOUNT)  # a read, or one day partition scanned and dropped
         return WATCHDOG.guard(self._conn.fileno(), READ_DEADLINE if long else WRITE_DEADLINE)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from itertools import chain
 from typing import Any
 
@@ -19,6 +19,7 @@ from mrtr_keys.audit.stores.base import (
 )
 from mrtr_keys.audit.stores.hours import HourTotals
 from mrtr_keys.audit.stores.sql_schema import SchemaSteps
+from mrtr_keys.deadlines import Guard
 from mrtr_keys.errors import AuditError, ConfigError
 
 _SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events"  # noqa: S608 - fixed column names
@@ -147,8 +148,9 @@ class SQLStore(HourTotals, SchemaSteps):
         with self._lock:
             if self._conn is None:  # lost with the last error: reconnect (raises AuditError)
                 self._conn = self._connect()
+            guard = self._deadline(verb)
             try:
-                with self._deadline(verb):
+                with guard or nullcontext():
                     yield self._conn.cursor()
                     self._conn.commit()
             except self._db_errors as exc:
@@ -159,11 +161,12 @@ class SQLStore(HourTotals, SchemaSteps):
                 error = self._error(exc)
                 if self._broken(self._conn):
                     self._discard()
-                raise error(f"cannot {verb} the audit store {self.url}: {exc}") from None
+                why = f"not done within its {guard.seconds:g} s deadline ({exc})" if guard and guard.fired else exc
+                raise error(f"cannot {verb} the audit store {self.url}: {why}") from None
 
-    def _deadline(self, verb: str) -> AbstractContextManager[object]:
-        """Bounds one transaction on the client side (a network store; see `PostgresStore`)."""
-        return nullcontext()
+    def _deadline(self, verb: str) -> Guard | None:
+        """The client-side bound of one transaction (a network store; see `PostgresStore`), or None."""
+        return None
 
     def _error(self, exc: BaseException) -> type[AuditError]:
         """`AuditUnavailable` if `exc` (a database error) means the store cannot be reached now (a
