@@ -75,7 +75,6 @@ LONG_FIRST = (
     ("e2e/test_audit_flaps.py::test_a_sidecar_whose_audit_store_flaps", 32),
     ("audit/test_concurrent_start.py", 24),
     # the fast loop's longest (pytest -m "not e2e"): started first, so none of them is left running alone at the end
-    ("audit/test_process_writer.py::test_a_store_on_a_link_too_slow_for_a_full_transaction", 12),
     ("service/test_fence_sidecar.py::test_a_sidecar_that_missed_a_promote_opens_the_new_key_after_one_look", 5),
     ("replay/test_stores.py::test_a_postgres_connect_that_timed_out_leaves_no_socket_open", 4),
     ("audit/test_shipping.py::test_a_killed_writer_loses_nothing_silently", 4),
