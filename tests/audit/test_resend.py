@@ -147,3 +147,33 @@ def test_a_jsonl_line_cut_short_is_cut_off_and_the_rest_of_its_transaction_sent_
     store.append_rows(rows[held:])
     assert store.count() == 6
     assert verify(store.records()).ok
+
+
+def test_a_batch_stored_in_part_is_not_stored_again_after_a_ring_loaded_settles_its_doubt(
+    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
+) -> None:
+    """Thread mode: a batch retried in smaller transactions had its first half stored and its second
+    half cut; the background thread's next turn writes a deferred ``ring-loaded`` first (`recover`),
+    which settles the cut part, and then retries the batch. Before, that retry began again at the
+    batch's first event: the stored half was stored twice (150 rows for 100 events; `verify` passes,
+    each copy has its own seq, so only the counts show it)."""
+    proxy, url = pg_fault_proxy
+    sink = make_sink(url, mode="thread", batch=100, interval=30)  # the thread acts only when woken
+    sink.record("seal", kid="k0", token="t0")
+    assert sink.flush(30)
+    proxy.faults.reset_after(0, after=b"zz-second")  # inside the transaction, before COMMIT: nothing lands
+    for i in range(100):
+        sink.record("seal", kid="k-first" if i < 50 else "zz-second", token=f"t{i + 1}")
+    assert not sink.flush(30)  # the whole batch is cut: transactions of 50 from now on
+    assert sink.write_failures == 1 and sink.store.count() == 1
+    proxy.faults.reset_after(0, after=b"zz-second")
+    assert not sink.flush(30)  # its first 50 stored, the next 50 cut
+    assert sink.write_failures == 2 and sink.store.count() == 51
+    sink.ring_loaded(None, 7, "k-first")  # kept (the store is failing); the thread writes it first
+    assert flushed(sink, 30)
+    assert proxy.faults.resets == 2
+    records = list(open_store(postgres_url).records())
+    assert sorted(r.event.generation or 0 for r in records if r.event.op == "ring-loaded") == [7]
+    assert len(records) == sink.store.count() == 102 and sink.written == 102 and sink.dropped == 0
+    assert [r.seq for r in records] == list(range(1, 103))
+    assert verify(records).ok

@@ -11,7 +11,9 @@ applied). Its linked rows are kept "in doubt" and, before the next append, the s
 of them it holds (`mrtr_keys.audit.stores.base.stored_prefix`): what landed stays (the rest is
 sent), what did not is unlinked; a retry of the same values is then not stored a second time. A
 failed batch is stored again in smaller transactions (`mrtr_keys.audit.tx_size`), so a store that is
-slow, not down, still takes it.
+slow, not down, still takes it. A retry of values a failed append stored in part goes on after that
+part, even when other appends came between (the sink's background thread writes a waiting
+``ring-loaded`` before it retries its batch).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ RETRY_MIN, RETRY_MAX = 0.05, 2.0
 """Backoff (seconds) between retries of unrecorded synchronous events and store probes."""
 DEFAULT_MOST = 2_000
 """Most events per transaction unless the caller says (the sink passes its batch size)."""
+RESUMES_KEPT = 4
+"""Failed appends whose stored leading part is remembered, so that a retry of each goes on after it."""
 
 
 class DirectWriter:
@@ -55,6 +59,10 @@ class DirectWriter:
         self._doubt: tuple[list[tuple[object, ...]], list[tuple[object, ...]], int] | None = None
         """(linked rows, the values they were cut from, where in them they start) of the last failed
         append, until the store said what it holds."""
+        self._resume: list[tuple[list[tuple[object, ...]], int]] = []
+        """(values, how many of them are stored) of failed appends that stored a leading part of their
+        values, or whose part in doubt another call settled as stored: a retry of the same values goes
+        on after that part, whatever other appends came between (`RESUMES_KEPT`, newest last)."""
 
     def append(self, values: list[tuple[object, ...]]) -> None:
         """Chain value tuples (`FIELDS` order) and store them: in one transaction while writes
@@ -68,8 +76,11 @@ class DirectWriter:
                 `AuditUnavailable` if it could not be reached or did not answer in time.
         """
         with self.chain.lock:
+            start = 0
             try:
-                start = self._settle(values) if self._doubt is not None else 0
+                if self._doubt is not None:
+                    self._settle()
+                start = self._resumed(values)
                 while start < len(values):
                     part = values[start : start + self.size.now]
                     rows = self.chain.link_values(part)
@@ -81,29 +92,43 @@ class DirectWriter:
                     self._stored(len(rows))
                     start += len(part)
             except Exception as exc:
+                if start:  # a leading part of `values` is stored: a retry of them goes on after it
+                    self._note(values, start)
                 self.failures += 1
                 self.size.failed()
                 self.error = str(exc) if isinstance(exc, AuditError) else f"{type(exc).__name__}: {exc}"
                 raise (type(exc) if isinstance(exc, AuditError) else AuditError)(self.error) from None
 
-    def _settle(self, values: list[tuple[object, ...]]) -> int:
+    def _settle(self) -> None:
         """Resolve the append in doubt (call with the chain lock held): keep and complete what the
-        store holds of it, unlink it if nothing. Returns where to go on in `values`: if they are the
-        values the doubted part was cut from, after it (it is stored now) or at its start (it was
-        unlinked); else at 0."""
+        store holds of it, unlink it if nothing. The values it was cut from are then stored up to
+        its end, or up to its start (`_resume`), whatever values the caller passes now."""
         assert self._doubt is not None
         rows, sent, start = self._doubt
-        same = values == sent
         held = stored_prefix(self.store, rows)
         if held == 0:
             self.chain.rollback()
             self._doubt = None
-            return start if same else 0
+            return
         if held < len(rows):
             self.store.append_rows(rows[held:])
         self._doubt = None
         self._stored(len(rows))
-        return start + len(rows) if same else 0
+        self._note(sent, start + len(rows))
+
+    def _resumed(self, values: list[tuple[object, ...]]) -> int:
+        """How many of `values` a failed append of them stored (0 if none; forgotten once asked)."""
+        for i, (sent, done) in enumerate(self._resume):
+            if sent == values:
+                del self._resume[i]
+                return done
+        return 0
+
+    def _note(self, values: list[tuple[object, ...]], done: int) -> None:
+        """Remember that the first `done` of `values` are stored (see `_resume`)."""
+        kept = [r for r in self._resume if r[0] != values]
+        kept.append((values, done))
+        self._resume = kept[-RESUMES_KEPT:]
 
     def _stored(self, n: int) -> None:
         with self._count_lock:
