@@ -283,3 +283,52 @@ def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_ev
     assert [r.seq for r in records] == list(range(1, 2_501))
     assert {r.writer for r in records} == {f"{sink.writer}/p1" if mode == "process" else sink.writer}
     assert verify(records).ok
+
+
+def test_a_writer_killed_while_it_stores_a_transaction_in_parts_counts_exactly_what_it_lost(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """On a link too slow for a whole transaction the writer stores it in parts and acknowledges each part
+    as it goes (the sink's `written` moves, so the store does not look silent). Killed half way, what it
+    lost is counted exactly: every event is stored or dropped, none both, none neither."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
+        try:
+            sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
+            assert sink.flush(timeout=30)
+            child = sink.child_pid
+            assert child is not None
+            os.kill(child, signal.SIGSTOP)  # so the backlog reaches it at once: one transaction of 2,000
+            for i in range(1, 2_500):
+                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+            assert not sink.flush(timeout=0.5)  # shipped, not stored
+            proxy.faults.throttle(50_000)  # 1,000 events cannot go in one transaction (2.6 s), 500 can (1.3 s)
+            os.kill(child, signal.SIGCONT)
+            deadline = time.monotonic() + 60
+            while sink.written < 300:  # a part acknowledged while its transaction is not complete
+                assert time.monotonic() < deadline, sink.last_error
+                time.sleep(0.05)
+            os.kill(child, signal.SIGKILL)
+            assert sink.write_failures > 0  # the 2,000 and the 1,000 were cut at the deadline
+            assert _gone(child)
+            deadline = time.monotonic() + 30
+            while sink.dropped == 0:  # the loss is counted when the parent reaps the child
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            proxy.faults.restore()
+            sink.record("seal", kid="aaaaaaaa", token="mk1.A002500", generation=2_500)  # starts a new writer
+            assert sink.flush(timeout=60), sink.last_error
+            written, dropped = sink.written, sink.dropped
+        finally:
+            sink.close()
+    store = open_store(postgres_url)
+    try:
+        records = list(store.records())
+    finally:
+        store.close()
+    assert 300 <= written < 2_501 and dropped > 0
+    assert len(records) == written and written + dropped == 2_501
+    assert len({r.event.generation for r in records}) == written  # none stored twice
+    assert verify(records).ok

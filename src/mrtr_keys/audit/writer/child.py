@@ -17,7 +17,9 @@ stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from 
   (``seq`` = the newest batch stored, ``total`` = events stored since the child started, ``error``
   None), sent at a ``SYNC`` and otherwise at most every `ACK_INTERVAL` seconds while something
   is unacknowledged, so a busy parent's status thread wakes a few times a second, not once per
-  batch; and ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
+  batch; ``(0, total, None)`` while a transaction the store could not take whole is stored in parts
+  (progress: `total` events stored, no new batch complete; at most every `ACK_INTERVAL`); and
+  ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
   chain stays gap-free, and meanwhile stops reading, so the parent's queue fills and drops).
 
 The child exits by itself on EOF (the parent closed the pipe or died), after storing every batch
@@ -43,7 +45,7 @@ from typing import Any
 from mrtr_keys.errors import AuditError, ConfigError
 from mrtr_keys.urls import remember, scrub
 
-PROTOCOL = 3
+PROTOCOL = 4
 SYNC = -1
 """The seq of a parent's acknowledgement request (a frame ``(SYNC, None)``)."""
 HEADER = struct.Struct("<I")
@@ -163,7 +165,6 @@ class _Storer:
             return True
         if not self._append(rows):
             return False
-        self.stored += len(rows)
         self.last_seq = seq
         if time.monotonic() - self.last_ack >= ACK_INTERVAL:
             self.ack()
@@ -224,7 +225,11 @@ class _Storer:
                 self.store.append_rows(linked[held:])
                 self.size.stored(time.monotonic() - began)
                 done += len(linked)
+                self.stored += len(linked)
                 linked, in_doubt = None, False
+                if done < len(rows) and time.monotonic() - self.last_ack >= ACK_INTERVAL:
+                    _report(self.status_fd, 0, self.stored, None)  # progress within one transaction
+                    self.acked, self.last_ack = self.stored, time.monotonic()
                 delay, failing_since = RETRY_MIN, 0.0
             except Exception as exc:
                 _report(self.status_fd, 0, 0, _describe(exc))
@@ -338,15 +343,15 @@ def main() -> int:
                         return slot.ended
             pending = frames.take()
             continue
-        # Merge queued batches into transactions of at most MAX_TX_EVENTS events.
+        # Merge queued batches into transactions of at most MAX_TX_EVENTS events (`_Storer.size`).
         seq, columns = pending.pop(0)
         if seq == SYNC:
             if not hand((SYNC, None)):
                 return 1
             continue
         batch = [columns]
-        n = len(columns[0])
-        while pending and pending[0][0] != SYNC and n + len(pending[0][1][0]) <= MAX_TX_EVENTS:
+        n, most = len(columns[0]), storer.size.now  # smaller while the store cannot take full ones
+        while pending and pending[0][0] != SYNC and n + len(pending[0][1][0]) <= most:
             seq, columns = pending.pop(0)
             batch.append(columns)
             n += len(columns[0])

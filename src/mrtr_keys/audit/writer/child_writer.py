@@ -141,6 +141,9 @@ class ChildWriter:
         self.sent = 0
         self.acked = 0
         self._stored = 0
+        self._stored_at_acked = 0
+        """`_stored` when `acked` last advanced: what the child stored beyond it belongs to batches still
+        pending (a transaction stored in parts), and is not lost if the child dies."""
         self.error: str | None = None
         self.alive = True
         self._pending: dict[int, tuple[int, float]] = {}
@@ -296,12 +299,12 @@ class ChildWriter:
             self.alive = False
             unacked = list(self._pending.values())
             self._pending.clear()
-            stored = self._stored
+            stored, in_part = self._stored, self._stored - self._stored_at_acked
             self._cond.notify_all()
         how = f"signal {-code}" if code < 0 else f"status {code}"
         with contextlib.suppress(OSError):
             self._stdout.close()
-        lost = sum(n for n, _ in unacked)
+        lost = max(0, sum(n for n, _ in unacked) - in_part)  # in_part: acknowledged as stored already
         message = f"the audit writer process {self.proc.pid} exited ({how})"
         if lost:
             extra = self._stored_unacked(stored, min(t for _, t in unacked))
@@ -334,7 +337,8 @@ class ChildWriter:
         with self._cond:
             for s in [s for s in self._pending if s <= seq]:
                 del self._pending[s]
-            self.acked = max(self.acked, seq)
+            if seq > self.acked:
+                self.acked, self._stored_at_acked = seq, total
             self._progress = time.monotonic()
             count, self._stored = total - self._stored, max(self._stored, total)
             self.error = None
