@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 from mrtr_keys.audit.observer import AuditObserver
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
+from tests.support.proxy import CountingProxy
 
 
 def test_full_queue_counts_drops_logs_and_never_blocks_a_seal(
@@ -87,3 +91,32 @@ def test_the_documented_shipping_figures_are_the_codes() -> None:
     assert f"(up to {_spaced(FRAME)} items, leaving the newest {KEEP} queued" in doc
     assert "backing off to once a second" in doc and MAX_WAIT == 1.0
     assert f"at most every {ACK_INTERVAL:g} s" in doc
+
+
+def test_closing_while_the_store_is_down_counts_the_batch_it_did_not_take_as_dropped(
+    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thread mode: a batch whose write failed has left the queue; a close before the store is back
+    counts it in `dropped` and says so (every event is stored or counted, never neither)."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = make_sink(url, interval=0.01)
+        sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
+        assert sink.flush(timeout=10)
+        proxy.stop()
+        for i in range(10):
+            sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
+        deadline = time.monotonic() + 10
+        while sink.write_failures == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+            sink.close(timeout=1)
+    assert sink.dropped == 10 and sink.written == 1
+    assert "10 events dropped: the sink closed while the store could not write them" in caplog.text
+    store = open_store(postgres_url)
+    try:
+        assert store.count() == 1
+    finally:
+        store.close()

@@ -116,6 +116,13 @@ class DirectWriter:
         self._stored(len(rows))
         self._note(sent, start + len(rows))
 
+    def unstored(self, values: list[tuple[object, ...]]) -> tuple[int, bool]:
+        """How many of `values`, whose append failed, are not known to be stored, and whether a part of
+        them is still in doubt (its commit may have landed; the count is then an upper bound)."""
+        with self.chain.lock:
+            done = next((d for sent, d in self._resume if sent == values), 0)
+            return len(values) - done, self._doubt is not None and self._doubt[1] == values
+
     def _resumed(self, values: list[tuple[object, ...]]) -> int:
         """How many of `values` a failed append of them stored (0 if none; forgotten once asked)."""
         for i, (sent, done) in enumerate(self._resume):

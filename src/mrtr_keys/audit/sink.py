@@ -327,6 +327,12 @@ class AuditSink:
         if left:
             self.queue.drop(left)
             logger.warning("audit sink closed with %d events unwritten (store %s)", left, self.store.url)
+        if self._retry:  # thread mode: a batch the store did not take, out of the queue already
+            failed, in_doubt = self._direct.unstored(self._retry)
+            self._retry = []
+            if failed:
+                bound = "; a part of them may have been stored, so the count is an upper bound" if in_doubt else ""
+                self.queue.drop(failed, f"the sink closed while the store could not write them{bound}")
         self.store.close()
 
     def _chain_length(self, writer: str, since: float) -> int:
