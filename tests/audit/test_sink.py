@@ -120,3 +120,69 @@ def test_closing_while_the_store_is_down_counts_the_batch_it_did_not_take_as_dro
         assert store.count() == 1
     finally:
         store.close()
+
+
+def test_closing_while_a_batch_is_being_stored_counts_it_if_the_store_does_not_take_it(
+    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thread mode: close() stops waiting for the background thread while its append hangs on a store that
+    does not answer (a blackhole, cut at the write deadline). The batch is counted as dropped all the same
+    (close() read the failed batch before the append failed, found none, and the 10 went uncounted)."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = make_sink(url, interval=0.01)
+        sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
+        assert sink.flush(timeout=10)
+        proxy.faults.blackhole()
+        for i in range(10):
+            sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
+        time.sleep(0.2)  # the background thread's append of the 10 waits for the store (2 s write deadline)
+        with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+            sink.close(timeout=0.1)
+            sink._thread.join(10)  # the append failed at its deadline
+        written, dropped = sink.written, sink.dropped
+    store = open_store(postgres_url)
+    try:
+        assert store.count() == 1
+    finally:
+        store.close()
+    assert (written, dropped) == (1, 10), caplog.text
+
+
+def test_closing_while_the_failed_batch_is_stored_again_counts_it_once(
+    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thread mode: close() stops waiting for the background thread while it stores the batch the store
+    did not take again, on a slow link, and that append succeeds. The batch is counted once, as written
+    (close() had read it as failed and counted all 10 as dropped too)."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = make_sink(url, interval=0.01)
+        sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
+        assert sink.flush(timeout=10)
+        proxy.stop()
+        for i in range(10):
+            sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
+        deadline = time.monotonic() + 10
+        while sink.write_failures == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proxy.faults.latency(0.05)  # slow, not down: storing the 10 again takes a few round trips
+        proxy.start()
+        lock = sink._direct.chain.lock
+        while not lock.locked():  # the background thread is in the append of the 10
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+            sink.close(timeout=0.01)
+            sink._thread.join(10)
+        written, dropped = sink.written, sink.dropped
+        proxy.faults.restore()
+    store = open_store(postgres_url)
+    try:
+        assert store.count() == written
+    finally:
+        store.close()
+    assert (written, dropped) == (11, 0), caplog.text

@@ -131,6 +131,11 @@ class AuditSink:
         self._stopping = False
         self._closed = False
         self._retry: list[tuple[object, ...]] = []
+        self._appending = threading.Lock()
+        """Thread mode: held by the background thread from taking a batch to settling `_retry`, and by
+        close() while it counts what is left, so that a close() that stopped waiting for the thread
+        counts a batch after its append ended (once: written, or dropped), and the thread stores
+        nothing after that."""
         self._down_at: float | None = None
         self._process = (
             ProcessWriter(
@@ -323,16 +328,17 @@ class AuditSink:
         self.queue.wake_all()
         if self._process is not None:
             self._process.close(timeout)
-        left = self.queue.n
-        if left:
-            self.queue.drop(left)
-            logger.warning("audit sink closed with %d events unwritten (store %s)", left, self.store.url)
-        if self._retry:  # thread mode: a batch the store did not take, out of the queue already
-            failed, in_doubt = self._direct.unstored(self._retry)
-            self._retry = []
-            if failed:
-                bound = "; a part of them may have been stored, so the count is an upper bound" if in_doubt else ""
-                self.queue.drop(failed, f"the sink closed while the store could not write them{bound}")
+        with self._appending:  # waits for an append the thread is still in (it stores nothing after this)
+            left = self.queue.n
+            if left:
+                self.queue.drop(left)
+                logger.warning("audit sink closed with %d events unwritten (store %s)", left, self.store.url)
+            if self._retry:  # thread mode: a batch the store did not take, out of the queue already
+                failed, in_doubt = self._direct.unstored(self._retry)
+                self._retry = []
+                if failed:
+                    bound = "; a part of them may have been stored, so the count is an upper bound" if in_doubt else ""
+                    self.queue.drop(failed, f"the sink closed while the store could not write them{bound}")
         self.store.close()
 
     def _chain_length(self, writer: str, since: float) -> int:
@@ -380,28 +386,35 @@ class AuditSink:
 
     def _cycle(self, *, final: bool) -> None:
         """Thread mode: append up to `batch` queued items (all of them when `final`)."""
-        if self._retry:
-            try:
-                self._direct.append(self._retry)
-            except AuditError:
-                self._log_failure()
+        with self._appending:
+            if self._closed:  # close() counted what is left
                 return
-            self._retry = []
+            if self._retry:
+                try:
+                    self._direct.append(self._retry)
+                except AuditError:
+                    self._log_failure()
+                    return
+                self._retry = []
         while True:
-            self._write(self.queue.take(self.batch))
-            if not final or not self.queue.items or self._retry:
+            self._write()
+            if not final or not self.queue.items or self._retry or self._closed:
                 return
 
-    def _write(self, items: list[AuditItem]) -> None:
-        if not items:
-            return
-        values = item_values(items, instance_id(), self._fp)
-        self.queue.release(items)
-        try:
-            self._direct.append(values)
-        except AuditError:
-            self._retry = values
-            self._log_failure()
+    def _write(self) -> None:
+        with self._appending:
+            if self._closed:
+                return
+            items = self.queue.take(self.batch)
+            if not items:
+                return
+            values = item_values(items, instance_id(), self._fp)
+            self.queue.release(items)
+            try:
+                self._direct.append(values)
+            except AuditError:
+                self._retry = values
+                self._log_failure()
 
     def _log_failure(self) -> None:
         logger.warning("audit store write failed (%s); retrying, %d events held", self.last_error, self.queue.n)
