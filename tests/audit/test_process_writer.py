@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from mrtr_keys.audit.chain import verify
+from mrtr_keys.audit.chain import Record, verify
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.audit.observer import AuditObserver
-from mrtr_keys.audit.sink import AuditSink
+from mrtr_keys.audit.sink import AuditSink, Mode
 from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
@@ -209,37 +210,51 @@ def test_no_secret_reaches_the_writer_process_through_its_environment_or_command
         sink.close()
 
 
+@contextlib.contextmanager
+def _sink_behind_proxy(
+    tmp_path: Path, postgres_url: str, mode: Mode = "process"
+) -> Iterator[tuple[AuditSink, CountingProxy]]:
+    """A sink over the test database through a `CountingProxy` (whose faults play the store's), closed after."""
+    parsed = urlparse(postgres_url)
+    with CountingProxy(parsed.port or 5432, http=False) as proxy:
+        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
+        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode=mode, url=url)
+        try:
+            yield sink, proxy
+        finally:
+            sink.close()
+
+
+def _records(url: str) -> list[Record]:
+    """Every record of the store at `url`, in storage order."""
+    store = open_store(url)
+    try:
+        return list(store.records())
+    finally:
+        store.close()
+
+
 def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with_every_event(
     tmp_path: Path, postgres_url: str
 ) -> None:
     """While the store is gone the writer retries one transaction and has the next one built: when
     the store is back, every event is stored once, in order, on one chain that verifies."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
-        try:
-            for i in range(3_000):
-                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
-            assert sink.flush(timeout=30)
-            proxy.stop()
-            for i in range(3_000, 9_000):  # several transactions' worth
-                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
-            sink.flush(timeout=0.1)  # ship now; the writer reports the store unwritable
-            deadline = time.monotonic() + 30
-            while sink.healthy and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert not sink.healthy
-            proxy.start()
-            assert sink.flush(timeout=60)
-            assert sink.dropped == 0 and sink.healthy
-        finally:
-            sink.close()
-    store = open_store(postgres_url)
-    try:
-        records = list(store.records())
-    finally:
-        store.close()
+    with _sink_behind_proxy(tmp_path, postgres_url) as (sink, proxy):
+        for i in range(3_000):
+            sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+        assert sink.flush(timeout=30)
+        proxy.stop()
+        for i in range(3_000, 9_000):  # several transactions' worth
+            sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+        sink.flush(timeout=0.1)  # ship now; the writer reports the store unwritable
+        deadline = time.monotonic() + 30
+        while sink.healthy and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not sink.healthy
+        proxy.start()
+        assert sink.flush(timeout=60)
+        assert sink.dropped == 0 and sink.healthy
+    records = _records(postgres_url)
     assert [r.event.generation for r in records] == list(range(9_000))
     assert [r.seq for r in records] == list(range(1, 9_001))
     assert {r.writer for r in records} == {f"{sink.writer}/p1"}
@@ -248,37 +263,27 @@ def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_event(
-    tmp_path: Path, postgres_url: str, mode: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, postgres_url: str, mode: Mode, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A store that answers, slowly (issue 22's gray failure, as a congested link or a starved host
     plays it): a transaction of 2 000 events cannot finish within the store's write deadline (2 s), a
     few hundred can. Either writer stores the backlog in smaller transactions instead of retrying the
     one that never fits: every event once, in order, on one chain that verifies, nothing dropped."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode=mode, url=url)  # type: ignore[arg-type]
-        try:
-            sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
-            assert sink.flush(timeout=30)  # connected, tables made, at full speed
-            # about 130 bytes a row up the link: 2,000 rows take 3.2 s against the 2 s deadline, 500 take 0.8 s
-            proxy.faults.throttle(80_000)
-            for i in range(1, 2_500):
-                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
-            deadline = time.monotonic() + 90
-            while not sink.flush(timeout=5):  # False at once while the writer reports a failed write
-                assert time.monotonic() < deadline, sink.last_error
-                time.sleep(0.2)
-            assert sink.dropped == 0 and sink.healthy
-            assert sink.write_failures > 0  # a transaction was cut at the deadline: the slow link was what it says
-            assert "not done within its 2 s deadline" in caplog.text  # said so, not "server closed the connection"
-        finally:
-            sink.close()
-    store = open_store(postgres_url)
-    try:
-        records = list(store.records())
-    finally:
-        store.close()
+    with _sink_behind_proxy(tmp_path, postgres_url, mode) as (sink, proxy):
+        sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
+        assert sink.flush(timeout=30)  # connected, tables made, at full speed
+        # about 130 bytes a row up the link: 2,000 rows take 3.2 s against the 2 s deadline, 500 take 0.8 s
+        proxy.faults.throttle(80_000)
+        for i in range(1, 2_500):
+            sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+        deadline = time.monotonic() + 90
+        while not sink.flush(timeout=5):  # False at once while the writer reports a failed write
+            assert time.monotonic() < deadline, sink.last_error
+            time.sleep(0.2)
+        assert sink.dropped == 0 and sink.healthy
+        assert sink.write_failures > 0  # a transaction was cut at the deadline: the slow link was what it says
+        assert "not done within its 2 s deadline" in caplog.text  # said so, not "server closed the connection"
+    records = _records(postgres_url)
     assert [r.event.generation for r in records] == list(range(2_500))
     assert [r.seq for r in records] == list(range(1, 2_501))
     assert {r.writer for r in records} == {f"{sink.writer}/p1" if mode == "process" else sink.writer}
@@ -291,43 +296,33 @@ def test_a_writer_killed_while_it_stores_a_transaction_in_parts_counts_exactly_w
     """On a link too slow for a whole transaction the writer stores it in parts and acknowledges each part
     as it goes (the sink's `written` moves, so the store does not look silent). Killed half way, what it
     lost is counted exactly: every event is stored or dropped, none both, none neither."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
-        try:
-            sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
-            assert sink.flush(timeout=30)
-            child = sink.child_pid
-            assert child is not None
-            os.kill(child, signal.SIGSTOP)  # so the backlog reaches it at once: one transaction of 2,000
-            for i in range(1, 2_500):
-                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
-            assert not sink.flush(timeout=0.5)  # shipped, not stored
-            proxy.faults.throttle(50_000)  # 1,000 events cannot go in one transaction (2.6 s), 500 can (1.3 s)
-            os.kill(child, signal.SIGCONT)
-            deadline = time.monotonic() + 60
-            while sink.written < 300:  # a part acknowledged while its transaction is not complete
-                assert time.monotonic() < deadline, sink.last_error
-                time.sleep(0.05)
-            os.kill(child, signal.SIGKILL)
-            assert sink.write_failures > 0  # the 2,000 and the 1,000 were cut at the deadline
-            assert _gone(child)
-            deadline = time.monotonic() + 30
-            while sink.dropped == 0:  # the loss is counted when the parent reaps the child
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            proxy.faults.restore()
-            sink.record("seal", kid="aaaaaaaa", token="mk1.A002500", generation=2_500)  # starts a new writer
-            assert sink.flush(timeout=60), sink.last_error
-            written, dropped = sink.written, sink.dropped
-        finally:
-            sink.close()
-    store = open_store(postgres_url)
-    try:
-        records = list(store.records())
-    finally:
-        store.close()
+    with _sink_behind_proxy(tmp_path, postgres_url) as (sink, proxy):
+        sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
+        assert sink.flush(timeout=30)
+        child = sink.child_pid
+        assert child is not None
+        os.kill(child, signal.SIGSTOP)  # so the backlog reaches it at once: one transaction of 2,000
+        for i in range(1, 2_500):
+            sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+        assert not sink.flush(timeout=0.5)  # shipped, not stored
+        proxy.faults.throttle(50_000)  # 1,000 events cannot go in one transaction (2.6 s), 500 can (1.3 s)
+        os.kill(child, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while sink.written < 300:  # a part acknowledged while its transaction is not complete
+            assert time.monotonic() < deadline, sink.last_error
+            time.sleep(0.05)
+        os.kill(child, signal.SIGKILL)
+        assert sink.write_failures > 0  # the 2,000 and the 1,000 were cut at the deadline
+        assert _gone(child)
+        deadline = time.monotonic() + 30
+        while sink.dropped == 0:  # the loss is counted when the parent reaps the child
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proxy.faults.restore()
+        sink.record("seal", kid="aaaaaaaa", token="mk1.A002500", generation=2_500)  # starts a new writer
+        assert sink.flush(timeout=60), sink.last_error
+        written, dropped = sink.written, sink.dropped
+    records = _records(postgres_url)
     assert 300 <= written < 2_501 and dropped > 0
     assert len(records) == written and written + dropped == 2_501
     assert len({r.event.generation for r in records}) == written  # none stored twice

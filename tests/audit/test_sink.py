@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -93,33 +94,52 @@ def test_the_documented_shipping_figures_are_the_codes() -> None:
     assert f"at most every {ACK_INTERVAL:g} s" in doc
 
 
-def test_closing_while_the_store_is_down_counts_the_batch_it_did_not_take_as_dropped(
-    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
-) -> None:
-    """Thread mode: a batch whose write failed has left the queue; a close before the store is back
-    counts it in `dropped` and says so (every event is stored or counted, never neither)."""
+@contextlib.contextmanager
+def _stored_one_through_a_proxy(
+    postgres_url: str, make_sink: Callable[..., AuditSink]
+) -> Iterator[tuple[AuditSink, CountingProxy]]:
+    """A thread-mode sink over the test database through a `CountingProxy`, one event stored through it."""
     parsed = urlparse(postgres_url)
     with CountingProxy(parsed.port or 5432, http=False) as proxy:
         url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
         sink = make_sink(url, interval=0.01)
         sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
         assert sink.flush(timeout=10)
+        yield sink, proxy
+
+
+def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Wait until `condition()` holds, for at most `seconds` (then the test fails)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def _count(url: str) -> int:
+    """How many records the store at `url` holds."""
+    store = open_store(url)
+    try:
+        return store.count()
+    finally:
+        store.close()
+
+
+def test_closing_while_the_store_is_down_counts_the_batch_it_did_not_take_as_dropped(
+    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Thread mode: a batch whose write failed has left the queue; a close before the store is back
+    counts it in `dropped` and says so (every event is stored or counted, never neither)."""
+    with _stored_one_through_a_proxy(postgres_url, make_sink) as (sink, proxy):
         proxy.stop()
         for i in range(10):
             sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-        deadline = time.monotonic() + 10
-        while sink.write_failures == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until(lambda: sink.write_failures > 0)
         with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
             sink.close(timeout=1)
     assert sink.dropped == 10 and sink.written == 1
     assert "10 events dropped: the sink closed while the store could not write them" in caplog.text
-    store = open_store(postgres_url)
-    try:
-        assert store.count() == 1
-    finally:
-        store.close()
+    assert _count(postgres_url) == 1
 
 
 def test_closing_while_a_batch_is_being_stored_counts_it_if_the_store_does_not_take_it(
@@ -128,25 +148,16 @@ def test_closing_while_a_batch_is_being_stored_counts_it_if_the_store_does_not_t
     """Thread mode: close() stops waiting for the background thread while its append hangs on a store that
     does not answer (a blackhole, cut at the write deadline). The batch is counted as dropped all the same
     (close() read the failed batch before the append failed, found none, and the 10 went uncounted)."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = make_sink(url, interval=0.01)
-        sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
-        assert sink.flush(timeout=10)
+    with _stored_one_through_a_proxy(postgres_url, make_sink) as (sink, proxy):
         proxy.faults.blackhole()
         for i in range(10):
             sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
         time.sleep(0.2)  # the background thread's append of the 10 waits for the store (2 s write deadline)
         with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
             sink.close(timeout=0.1)
-            sink._thread.join(10)  # the append failed at its deadline
+            _until(lambda: sink.written + sink.dropped >= 11)  # the append failed at its deadline, and was counted
         written, dropped = sink.written, sink.dropped
-    store = open_store(postgres_url)
-    try:
-        assert store.count() == 1
-    finally:
-        store.close()
+    assert _count(postgres_url) == 1
     assert (written, dropped) == (1, 10), caplog.text
 
 
@@ -156,33 +167,18 @@ def test_closing_while_the_failed_batch_is_stored_again_counts_it_once(
     """Thread mode: close() stops waiting for the background thread while it stores the batch the store
     did not take again, on a slow link, and that append succeeds. The batch is counted once, as written
     (close() had read it as failed and counted all 10 as dropped too)."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = make_sink(url, interval=0.01)
-        sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
-        assert sink.flush(timeout=10)
+    with _stored_one_through_a_proxy(postgres_url, make_sink) as (sink, proxy):
         proxy.stop()
         for i in range(10):
             sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-        deadline = time.monotonic() + 10
-        while sink.write_failures == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until(lambda: sink.write_failures > 0)
         proxy.faults.latency(0.05)  # slow, not down: storing the 10 again takes a few round trips
         proxy.start()
-        lock = sink._direct.chain.lock
-        while not lock.locked():  # the background thread is in the append of the 10
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        _until(sink._direct.chain.lock.locked)  # the background thread is in the append of the 10
         with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
             sink.close(timeout=0.01)
-            sink._thread.join(10)
+            _until(lambda: sink.written + sink.dropped >= 11)  # the append ended, and was counted
         written, dropped = sink.written, sink.dropped
         proxy.faults.restore()
-    store = open_store(postgres_url)
-    try:
-        assert store.count() == written
-    finally:
-        store.close()
+    assert _count(postgres_url) == written
     assert (written, dropped) == (11, 0), caplog.text
