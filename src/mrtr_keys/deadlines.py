@@ -30,14 +30,15 @@ class Guard:
     __slots__ = ("active", "deadline", "fd", "fired", "seconds", "watchdog")
 
     def __init__(self, watchdog: Watchdog, fd: int, seconds: float) -> None:
-        self.watchdog, self.fd, self.deadline = watchdog, fd, seconds
-        self.seconds = seconds
-        """The deadline, in seconds from the block's start (for messages)."""
+        self.watchdog, self.fd, self.seconds = watchdog, fd, seconds
+        """The deadline, in seconds from the block's start."""
+        self.deadline = 0.0
+        """The deadline on `time.monotonic`'s clock (set when the block starts)."""
         self.active = True
         self.fired = False
 
     def __enter__(self) -> Guard:
-        self.deadline += time.monotonic()
+        self.deadline = time.monotonic() + self.seconds
         self.watchdog._add(self)
         return self
 

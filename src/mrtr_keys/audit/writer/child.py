@@ -133,9 +133,9 @@ class _Storer:
     linked rows are re-sent until stored (no other transaction is linked meanwhile), so chain order
     is storage order and a failure leaves no gap, no fork and no duplicate (`_append`).
 
-    A transaction the store did not take is stored again in parts of `size` events
-    (`mrtr_keys.audit.tx_size.TransactionSize`: halved after a failed write, doubled after a quick
-    one), so a store too slow for a whole transaction within its write deadline still takes them."""
+    A transaction the store did not take is stored again in parts of `size` events (the rule is
+    `mrtr_keys.audit.tx_size`), so a store too slow for a whole transaction within its write deadline
+    still takes them."""
 
     def __init__(self, url: str, writer: str, status_fd: int, parent: int) -> None:
         from mrtr_keys.audit.chain import ChainWriter
@@ -148,8 +148,10 @@ class _Storer:
         self.last_ack = 0.0
         self.size = TransactionSize(MAX_TX_EVENTS)
 
-    def ack(self) -> None:
-        _report(self.status_fd, self.last_seq, self.stored, None)
+    def ack(self, *, progress: bool = False) -> None:
+        """Report what is stored: up to batch `last_seq`, or (`progress`, a transaction stored in parts
+        so far) only the events stored, with seq 0 (see the module docstring)."""
+        _report(self.status_fd, 0 if progress else self.last_seq, self.stored, None)
         self.acked, self.last_ack = self.stored, time.monotonic()
 
     def ack_due(self) -> float | None:
@@ -228,8 +230,7 @@ class _Storer:
                 self.stored += len(linked)
                 linked, in_doubt = None, False
                 if done < len(rows) and time.monotonic() - self.last_ack >= ACK_INTERVAL:
-                    _report(self.status_fd, 0, self.stored, None)  # progress within one transaction
-                    self.acked, self.last_ack = self.stored, time.monotonic()
+                    self.ack(progress=True)
                 delay, failing_since = RETRY_MIN, 0.0
             except Exception as exc:
                 _report(self.status_fd, 0, 0, _describe(exc))
