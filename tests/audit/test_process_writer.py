@@ -225,6 +225,23 @@ def _sink_behind_proxy(
             sink.close()
 
 
+@contextlib.contextmanager
+def _writer_held(sink: AuditSink) -> Iterator[None]:
+    """Hold `sink`'s writer for the block, so what is recorded meanwhile reaches it as one backlog, however
+    slowly a busy host runs the block: the writer process is stopped (SIGSTOP), the thread writer kept from
+    taking a batch (its append lock; nothing public holds it)."""
+    child = sink.child_pid
+    if child is not None:
+        os.kill(child, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(child, signal.SIGCONT)
+    else:
+        with sink._appending:
+            yield
+
+
 def _records(url: str) -> list[Record]:
     """Every record of the store at `url`, in storage order."""
     store = open_store(url)
@@ -274,8 +291,9 @@ def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_ev
         assert sink.flush(timeout=30)  # connected, tables made, at full speed
         # about 130 bytes a row up the link: 2,000 rows take 3.2 s against the 2 s deadline, 500 take 0.8 s
         proxy.faults.throttle(80_000)
-        for i in range(1, 2_500):
-            sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+        with _writer_held(sink):  # the backlog reaches the writer at once, as one transaction of 2,000
+            for i in range(1, 2_500):
+                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
         deadline = time.monotonic() + 90
         while not sink.flush(timeout=5):  # False at once while the writer reports a failed write
             assert time.monotonic() < deadline, sink.last_error
@@ -301,12 +319,11 @@ def test_a_writer_killed_while_it_stores_a_transaction_in_parts_counts_exactly_w
         assert sink.flush(timeout=30)
         child = sink.child_pid
         assert child is not None
-        os.kill(child, signal.SIGSTOP)  # so the backlog reaches it at once: one transaction of 2,000
-        for i in range(1, 2_500):
-            sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
-        assert not sink.flush(timeout=0.5)  # shipped, not stored
-        proxy.faults.throttle(50_000)  # 1,000 events cannot go in one transaction (2.6 s), 500 can (1.3 s)
-        os.kill(child, signal.SIGCONT)
+        with _writer_held(sink):  # the backlog reaches it at once: one transaction of 2,000
+            for i in range(1, 2_500):
+                sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
+            assert not sink.flush(timeout=0.5)  # shipped, not stored
+            proxy.faults.throttle(50_000)  # 1,000 events cannot go in one transaction (2.6 s), 500 can (1.3 s)
         deadline = time.monotonic() + 60
         while sink.written < 300:  # a part acknowledged while its transaction is not complete
             assert time.monotonic() < deadline, sink.last_error
