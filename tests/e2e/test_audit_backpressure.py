@@ -13,6 +13,7 @@ import re
 import sqlite3
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,15 +47,26 @@ class Sidecar:
     def seal_batch(self) -> int:
         return self.http.post("/v1/seal/batch", json=BATCH, headers=self.auth).status_code
 
-    def lock_store(self, seconds: float) -> threading.Thread:
-        """Hold the store's write lock for `seconds` (the writer waits: slow, not failing)."""
+    @contextmanager
+    def store_locked(self) -> Iterator[None]:
+        """Hold the store's write lock for the block (the writer waits: slow, not failing), however long a
+        busy host takes to run it."""
         lock = sqlite3.connect(self.db, timeout=30, check_same_thread=False)
         lock.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            lock.rollback()
+            lock.close()
+
+    def lock_store(self, seconds: float) -> threading.Thread:
+        """Hold the store's write lock for `seconds` from another thread (the callers may be slowed meanwhile)."""
+        held = self.store_locked()
+        held.__enter__()
 
         def release() -> None:
             threading.Event().wait(seconds)
-            lock.rollback()
-            lock.close()
+            held.__exit__(None, None, None)
 
         t = threading.Thread(target=release, daemon=True)
         t.start()
@@ -103,11 +115,10 @@ def test_a_stalled_store_drops_only_past_the_bound_counts_each_one_and_says_so(
 ) -> None:
     side = make_sidecar(strict=False, max_wait=0.2)
     assert side.seal_batch() == 200 and side.sink.flush(timeout=30)
-    released = side.lock_store(3.0)  # longer than callers may be slowed: the bound is reached
-    with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+    # held past the time callers may be slowed, until 2,000 events are sealed: the bound is reached
+    with side.store_locked(), caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
         for _ in range(20):
             assert side.seal_batch() == 200  # non-strict: served, slowed at most 0.2 s once
-    released.join()
     assert side.sink.flush(timeout=60)
     dropped = side.metric("mrtr_sidecar_audit_dropped_total")
     assert dropped > 0 and dropped == side.sink.dropped
@@ -121,9 +132,8 @@ def test_a_strict_sidecar_refuses_while_the_writer_is_behind_and_records_every_s
 ) -> None:
     side = make_sidecar(strict=True, max_wait=0.2)
     assert side.seal_batch() == 200 and side.sink.flush(timeout=30)
-    released = side.lock_store(3.0)
-    codes = [side.seal_batch() for _ in range(20)]
-    released.join()
+    with side.store_locked():
+        codes = [side.seal_batch() for _ in range(20)]
     assert 503 in codes  # refused once the queue passed its high-water mark
     assert side.sink.flush(timeout=60)
     served_items = 100 * codes.count(200)
