@@ -7,6 +7,10 @@ Library code raises these; only the CLI turns them into messages and exit codes
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
+from mrtr_keys.urls import scrub
+
 
 class MrtrKeysError(Exception):
     """Root of every error this package raises on purpose (CLI exit code 1). Its message passes
@@ -16,8 +20,6 @@ class MrtrKeysError(Exception):
     exit_code = 1
 
     def __init__(self, *args: object) -> None:
-        from mrtr_keys.urls import scrub  # same layer; imported here because urls imports this module
-
         super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
@@ -117,3 +119,11 @@ class AuditBusy(AuditError):
 
 class ReplayStoreUnavailable(BackendUnavailable):
     """The single-use (replay) store could not be reached or answered with an error (docs/single-use.md)."""
+
+
+def refuse_nul(text: str, what: str) -> None:
+    """Raise `ConfigError` (``WHAT cannot contain a NUL byte``) if `text`, percent-decoded, holds one: the
+    operating system cannot name a file with a NUL byte in it (``%00`` once percent-decoded), and Python
+    would raise a bare `ValueError`. Every URL or path that names a file goes through it first."""
+    if "\x00" in text or "\x00" in unquote(text):
+        raise ConfigError(f"{what} cannot contain a NUL byte")

@@ -1,10 +1,8 @@
-"""Store and service URLs as users write them: passwords redacted for messages, NUL bytes refused.
+"""Store and service URLs as users write them: passwords redacted for messages.
 
 Every URL that may carry a credential (``postgresql://USER:PASSWORD@...``, ``redis://:PASSWORD@...``,
 ``http://USER:PASSWORD@...``) goes through `redact` before it reaches a log line, an error message or a
-`repr()`; every URL or path that names a file goes through `refuse_nul` first, because the operating
-system cannot name a file with a NUL byte in it (``%00`` once percent-decoded) and Python would raise a
-bare `ValueError`.
+`repr()`; every URL or path that names a file goes through `mrtr_keys.errors.refuse_nul` first.
 
 A client library's error text can echo a credential in any form (libpq quotes a badly percent-encoded
 password; a URL it cannot parse comes back whole). So every URL the process is given is remembered
@@ -19,8 +17,6 @@ from __future__ import annotations
 import re
 import threading
 from urllib.parse import parse_qsl, unquote, urlparse, urlunparse
-
-from mrtr_keys.errors import ConfigError
 
 MIN_SECRET_CHARS = 3
 """Shorter userinfo or passwords are not remembered (replacing one or two characters everywhere would
@@ -101,9 +97,3 @@ def _redact_query(query: str) -> str:
         key, eq, _ = part.partition("=")
         parts.append(key + "=***" if eq and unquote(key).lower() in _PASSWORD_KEYS else part)
     return "&".join(parts)
-
-
-def refuse_nul(text: str, what: str) -> None:
-    """Raise `ConfigError` (``WHAT cannot contain a NUL byte``) if `text`, percent-decoded, holds one."""
-    if "\x00" in text or "\x00" in unquote(text):
-        raise ConfigError(f"{what} cannot contain a NUL byte")

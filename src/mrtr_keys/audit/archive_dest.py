@@ -15,8 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
-from mrtr_keys.urls import refuse_nul
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError, refuse_nul
 
 
 class Destination(Protocol):

@@ -16,9 +16,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import ConfigError, refuse_nul
 from mrtr_keys.ring.model import KeyRing
-from mrtr_keys.urls import redact, refuse_nul
+from mrtr_keys.urls import redact
 
 ENV_KEYSTORE = "MRTR_KEYS_KEYSTORE"
 DEFAULT_KEYSTORE = ".mrtr/keyring.json"

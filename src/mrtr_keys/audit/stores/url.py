@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlparse
 
-from mrtr_keys.errors import ConfigError
-from mrtr_keys.urls import redact, refuse_nul
+from mrtr_keys.errors import ConfigError, refuse_nul
+from mrtr_keys.urls import redact
 
 if TYPE_CHECKING:  # every CLI command imports this module: keep it light
     from mrtr_keys.audit.stores.base import AuditStore
