@@ -26,14 +26,15 @@ from tests.support.proxy import CountingProxy
 
 
 def _gone(pid: int, timeout: float = 10.0) -> bool:
-    """True once `pid` no longer runs (a zombie counts as gone: it has exited)."""
+    """True once `pid` no longer runs (a zombie counts as gone: it has exited). A process reaped between
+    opening its stat file and reading it makes the read fail with ESRCH: gone too."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                     return True
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             return True
         time.sleep(0.02)
     return False
