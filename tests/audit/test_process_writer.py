@@ -11,7 +11,6 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -212,21 +211,6 @@ def test_no_secret_reaches_the_writer_process_through_its_environment_or_command
 
 
 @contextlib.contextmanager
-def _sink_behind_proxy(
-    tmp_path: Path, postgres_url: str, mode: Mode = "process"
-) -> Iterator[tuple[AuditSink, CountingProxy]]:
-    """A sink over the test database through a `CountingProxy` (whose faults play the store's), closed after."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode=mode, url=url)
-        try:
-            yield sink, proxy
-        finally:
-            sink.close()
-
-
-@contextlib.contextmanager
 def _writer_held(sink: AuditSink) -> Iterator[None]:
     """Hold `sink`'s writer for the block, so what is recorded meanwhile reaches it as one backlog, however
     slowly a busy host runs the block: the writer process is stopped (SIGSTOP), the thread writer kept from
@@ -253,11 +237,12 @@ def _records(url: str) -> list[Record]:
 
 
 def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with_every_event(
-    tmp_path: Path, postgres_url: str
+    pg_fault_proxy: tuple[CountingProxy, str], make_sink: Callable[..., AuditSink], postgres_url: str
 ) -> None:
     """While the store is gone the writer retries one transaction and has the next one built: when
     the store is back, every event is stored once, in order, on one chain that verifies."""
-    with _sink_behind_proxy(tmp_path, postgres_url) as (sink, proxy):
+    proxy, url = pg_fault_proxy
+    with contextlib.closing(make_sink(url, mode="process")) as sink:
         for i in range(3_000):
             sink.record("seal", kid="aaaaaaaa", token=f"mk1.A{i:06d}", generation=i)
         assert sink.flush(timeout=30)
@@ -281,13 +266,18 @@ def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_event(
-    tmp_path: Path, postgres_url: str, mode: Mode, caplog: pytest.LogCaptureFixture
+    pg_fault_proxy: tuple[CountingProxy, str],
+    make_sink: Callable[..., AuditSink],
+    postgres_url: str,
+    mode: Mode,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A store that answers, slowly (issue 22's gray failure, as a congested link or a starved host
     plays it): a transaction of 2 000 events cannot finish within the store's write deadline (2 s), a
     few hundred can. Either writer stores the backlog in smaller transactions instead of retrying the
     one that never fits: every event once, in order, on one chain that verifies, nothing dropped."""
-    with _sink_behind_proxy(tmp_path, postgres_url, mode) as (sink, proxy):
+    proxy, url = pg_fault_proxy
+    with contextlib.closing(make_sink(url, mode=mode)) as sink:
         sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
         assert sink.flush(timeout=30)  # connected, tables made, at full speed
         # about 130 bytes a row up the link: 2,000 rows take 3.2 s against the 2 s deadline, 500 take 0.8 s
@@ -310,12 +300,13 @@ def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_ev
 
 
 def test_a_writer_killed_while_it_stores_a_transaction_in_parts_counts_exactly_what_it_lost(
-    tmp_path: Path, postgres_url: str
+    pg_fault_proxy: tuple[CountingProxy, str], make_sink: Callable[..., AuditSink], postgres_url: str
 ) -> None:
     """On a link too slow for a whole transaction the writer stores it in parts and acknowledges each part
     as it goes (the sink's `written` moves, so the store does not look silent). Killed half way, what it
     lost is counted exactly: every event is stored or dropped, none both, none neither."""
-    with _sink_behind_proxy(tmp_path, postgres_url) as (sink, proxy):
+    proxy, url = pg_fault_proxy
+    with contextlib.closing(make_sink(url, mode="process")) as sink:
         sink.record("seal", kid="aaaaaaaa", token="mk1.A000000", generation=0)
         assert sink.flush(timeout=30)
         child = sink.child_pid

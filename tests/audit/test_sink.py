@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -94,18 +92,15 @@ def test_the_documented_shipping_figures_are_the_codes() -> None:
     assert f"at most every {ACK_INTERVAL:g} s" in doc
 
 
-@contextlib.contextmanager
 def _stored_one_through_a_proxy(
-    postgres_url: str, make_sink: Callable[..., AuditSink]
-) -> Iterator[tuple[AuditSink, CountingProxy]]:
-    """A thread-mode sink over the test database through a `CountingProxy`, one event stored through it."""
-    parsed = urlparse(postgres_url)
-    with CountingProxy(parsed.port or 5432, http=False) as proxy:
-        url = parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-        sink = make_sink(url, interval=0.01)
-        sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
-        assert sink.flush(timeout=10)
-        yield sink, proxy
+    pg_fault_proxy: tuple[CountingProxy, str], make_sink: Callable[..., AuditSink]
+) -> tuple[AuditSink, CountingProxy]:
+    """A thread-mode sink over the test database through its fault proxy, one event stored through it."""
+    proxy, url = pg_fault_proxy
+    sink = make_sink(url, interval=0.01)
+    sink.record("seal", kid="aaaaaaaa", token="mk1.A0")
+    assert sink.flush(timeout=10)
+    return sink, proxy
 
 
 def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -126,59 +121,68 @@ def _count(url: str) -> int:
 
 
 def test_closing_while_the_store_is_down_counts_the_batch_it_did_not_take_as_dropped(
-    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+    pg_fault_proxy: tuple[CountingProxy, str],
+    make_sink: Callable[..., AuditSink],
+    postgres_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Thread mode: a batch whose write failed has left the queue; a close before the store is back
     counts it in `dropped` and says so (every event is stored or counted, never neither)."""
-    with _stored_one_through_a_proxy(postgres_url, make_sink) as (sink, proxy):
-        proxy.stop()
-        for i in range(10):
-            sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-        _until(lambda: sink.write_failures > 0)
-        with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
-            sink.close(timeout=1)
+    sink, proxy = _stored_one_through_a_proxy(pg_fault_proxy, make_sink)
+    proxy.stop()
+    for i in range(10):
+        sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
+    _until(lambda: sink.write_failures > 0)
+    with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+        sink.close(timeout=1)
     assert sink.dropped == 10 and sink.written == 1
     assert "10 events dropped: the sink closed while the store could not write them" in caplog.text
     assert _count(postgres_url) == 1
 
 
 def test_closing_while_a_batch_is_being_stored_counts_it_if_the_store_does_not_take_it(
-    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+    pg_fault_proxy: tuple[CountingProxy, str],
+    make_sink: Callable[..., AuditSink],
+    postgres_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Thread mode: close() stops waiting for the background thread while its append hangs on a store that
     does not answer (a blackhole, cut at the write deadline). The batch is counted as dropped all the same
     (close() read the failed batch before the append failed, found none, and the 10 went uncounted)."""
-    with _stored_one_through_a_proxy(postgres_url, make_sink) as (sink, proxy):
-        proxy.faults.blackhole()
-        for i in range(10):
-            sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-        time.sleep(0.2)  # the background thread's append of the 10 waits for the store (2 s write deadline)
-        with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
-            sink.close(timeout=0.1)
-            _until(lambda: sink.written + sink.dropped >= 11)  # the append failed at its deadline, and was counted
-        written, dropped = sink.written, sink.dropped
+    sink, proxy = _stored_one_through_a_proxy(pg_fault_proxy, make_sink)
+    proxy.faults.blackhole()
+    for i in range(10):
+        sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
+    time.sleep(0.2)  # the background thread's append of the 10 waits for the store (2 s write deadline)
+    with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+        sink.close(timeout=0.1)
+        _until(lambda: sink.written + sink.dropped >= 11)  # the append failed at its deadline, and was counted
+    written, dropped = sink.written, sink.dropped
     assert _count(postgres_url) == 1
     assert (written, dropped) == (1, 10), caplog.text
 
 
 def test_closing_while_the_failed_batch_is_stored_again_counts_it_once(
-    postgres_url: str, make_sink: Callable[..., AuditSink], caplog: pytest.LogCaptureFixture
+    pg_fault_proxy: tuple[CountingProxy, str],
+    make_sink: Callable[..., AuditSink],
+    postgres_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Thread mode: close() stops waiting for the background thread while it stores the batch the store
     did not take again, on a slow link, and that append succeeds. The batch is counted once, as written
     (close() had read it as failed and counted all 10 as dropped too)."""
-    with _stored_one_through_a_proxy(postgres_url, make_sink) as (sink, proxy):
-        proxy.stop()
-        for i in range(10):
-            sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-        _until(lambda: sink.write_failures > 0)
-        proxy.faults.latency(0.05)  # slow, not down: storing the 10 again takes a few round trips
-        proxy.start()
-        _until(sink._direct.chain.lock.locked)  # the background thread is in the append of the 10
-        with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
-            sink.close(timeout=0.01)
-            _until(lambda: sink.written + sink.dropped >= 11)  # the append ended, and was counted
-        written, dropped = sink.written, sink.dropped
-        proxy.faults.restore()
+    sink, proxy = _stored_one_through_a_proxy(pg_fault_proxy, make_sink)
+    proxy.stop()
+    for i in range(10):
+        sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
+    _until(lambda: sink.write_failures > 0)
+    proxy.faults.latency(0.05)  # slow, not down: storing the 10 again takes a few round trips
+    proxy.start()
+    _until(sink._direct.chain.lock.locked)  # the background thread is in the append of the 10
+    with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
+        sink.close(timeout=0.01)
+        _until(lambda: sink.written + sink.dropped >= 11)  # the append ended, and was counted
+    written, dropped = sink.written, sink.dropped
+    proxy.faults.restore()
     assert _count(postgres_url) == written
     assert (written, dropped) == (11, 0), caplog.text

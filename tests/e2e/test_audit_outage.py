@@ -12,11 +12,8 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
-import pytest
 from fastapi.testclient import TestClient
 
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
@@ -28,18 +25,6 @@ from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
 from tests.support.proxy import CountingProxy
-
-
-@pytest.fixture
-def pg_proxy(postgres_url: str) -> Iterator[tuple[CountingProxy, str]]:
-    """(proxy, store URL through the proxy) for the test's empty PostgreSQL database."""
-    parsed = urlparse(postgres_url)
-    proxy = CountingProxy(parsed.port or 5432, http=False)
-    proxy.start()
-    try:
-        yield proxy, parsed._replace(netloc=f"{parsed.username}@127.0.0.1:{proxy.port}").geturl()
-    finally:
-        proxy.stop()
 
 
 def _sidecar(keystore_path: Path, sink: AuditSink, *, strict: bool) -> tuple[TestClient, dict[str, str]]:
@@ -60,9 +45,9 @@ def _until(check: object, timeout: float) -> float:
 
 
 def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_of_its_return(
-    keystore_path: Path, tmp_path: Path, pg_proxy: tuple[CountingProxy, str]
+    keystore_path: Path, tmp_path: Path, pg_fault_proxy: tuple[CountingProxy, str]
 ) -> None:
-    proxy, url = pg_proxy
+    proxy, url = pg_fault_proxy
     sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)
     http, auth = _sidecar(keystore_path, sink, strict=True)
     seal = {"audience": "svc", "payload": "AA"}
@@ -86,9 +71,9 @@ def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_o
 
 
 def test_non_strict_sidecar_writes_the_outage_backlog_after_it_and_counts_exactly_what_it_lost(
-    keystore_path: Path, tmp_path: Path, pg_proxy: tuple[CountingProxy, str]
+    keystore_path: Path, tmp_path: Path, pg_fault_proxy: tuple[CountingProxy, str]
 ) -> None:
-    proxy, url = pg_proxy
+    proxy, url = pg_fault_proxy
     # A small queue and 3 KB payloads (4 KB tokens): the pipe to the writer and the queue fill during
     # the outage, so some events must be dropped, and each one must be counted.
     sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), capacity=200, mode="process", url=url)
