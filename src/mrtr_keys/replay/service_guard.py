@@ -20,9 +20,10 @@ from mrtr_keys.replay.guard import ReplayGuard, ReplayMetrics, StoreErrorPolicy
 from mrtr_keys.replay.store import ReplayStore, open_store
 
 STORE_UNAVAILABLE = "replay store unavailable"
-PING_WAIT = 0.2
-"""Most seconds `SidecarReplay.ready` waits for a ping of the store (the last answer is used after it)."""
 """The reason (log and audit) of an unseal refused because the store failed."""
+PING_WAIT = 0.2
+"""Most seconds `SidecarReplay.ready` waits for a ping of the store (the store's last answer to any call is
+used after it)."""
 
 
 class SidecarReplay:
@@ -90,15 +91,20 @@ class SidecarReplay:
         return None
 
     def ready(self) -> bool:
-        """True if the store answered its last ping. A ping runs in a thread of its own (one at a
-        time); this waits for it at most `PING_WAIT` seconds, so readiness answers in milliseconds
-        whatever the store does, and a silent store shows at the latest one ping deadline (1 s) later."""
+        """True if the store answers. A ping runs in a thread of its own (one at a time); this waits for
+        it at most `PING_WAIT` seconds, so readiness answers in milliseconds whatever the store does.
+        A ping still out after that is judged by the store's last answer to any call (a ping or an
+        unseal's consume: `down_since`), so a store that came back and served an unseal is ready even
+        while a slow ping is under way, and a silent store shows at the latest one ping deadline (1 s)
+        later. A store without that health record is judged by its last finished ping."""
         with self._ping_lock:
             pinging = self._pinging
             if pinging is None or not pinging.is_alive():
                 pinging = self._pinging = threading.Thread(target=self._ping, name="mrtr-replay-ping", daemon=True)
                 pinging.start()
         pinging.join(PING_WAIT)
+        if pinging.is_alive() and hasattr(self.guard.store, "down_since"):
+            return self.down_since is None
         return self._answered
 
     def _ping(self) -> None:
