@@ -85,9 +85,18 @@ def test_the_thread_follows_a_rotation_and_stops(keystore_path: Path) -> None:
     assert not watcher.running
 
 
-def test_the_thread_ends_once_its_codec_is_gone(keystore_path: Path) -> None:
+@pytest.mark.parametrize("checked", [0, 3], ids=["before-its-first-check", "after-checks"])
+def test_the_thread_ends_once_its_codec_is_gone(keystore_path: Path, checked: int) -> None:
+    """Also when the keystore does not change after the codec is gone: the watcher calls `reload` (which finds
+    the codec gone) only on a change, so a codec dropped after its first check left its thread polling the
+    keystore for as long as the process lived (a full run held to 0.7 of a core failed on it)."""
     codec = open_codec(keystore_path, audience="svc", reload_every=0.05)
     watcher = codec.watcher  # type: ignore[attr-defined]
+    if checked:
+        deadline = time.monotonic() + 10
+        while watcher.checks < checked:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
     del codec
     gc.collect()
     deadline = time.monotonic() + 10

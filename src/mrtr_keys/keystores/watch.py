@@ -101,6 +101,9 @@ class RingWatcher:
         on_switch: optional callable run after a reload that switched or was refused (presence heartbeat).
         on_error: optional callable told the error message when a check fails, and None when a check
             succeeds again (the sidecar's readiness and metrics).
+        alive: optional callable asked before every check of the thread; once it returns False the thread
+            ends without calling the keystore (`watch_codec`: the codec is garbage). `reload` raising
+            `WatchedGone` alone is not enough: it runs only when the revision changed.
         rng: a uniform draw in [0, 1) for the jitter; by default this module's own `random.Random`, so the
             watcher never moves the process-wide `random` state (tests pass a constant).
 
@@ -124,8 +127,10 @@ class RingWatcher:
         on_switch: Callable[[], Any] | None = None,
         on_error: Callable[[str | None], Any] | None = None,
         rng: Callable[[], float] | None = None,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         self.keystore = keystore
+        self._alive = alive
         self.interval = check_interval(interval)
         self._reload = reload
         self._every_check = every_check
@@ -284,7 +289,7 @@ class RingWatcher:
         while not self._stopping:
             self._wake.wait(self.next_delay())
             self._wake.clear()
-            if self._stopping:
+            if self._stopping or (self._alive is not None and not self._alive()):
                 return
             try:
                 self.check()
@@ -297,7 +302,8 @@ def watch_codec(
 ) -> RingWatcher | None:
     """Start a `RingWatcher` that calls ``codec.reload()``; None (and a WARNING) when `interval` is 0.
 
-    The watcher holds the codec weakly: once the codec is garbage, the thread ends.
+    The watcher holds the codec weakly: once the codec is garbage, the thread ends at its next check
+    (whether or not the keystore changed meanwhile), with no keystore call.
     """
     interval = check_interval(interval)
     if interval == 0:
@@ -319,4 +325,7 @@ def watch_codec(
             log.info("key ring reloaded: generation %s", getattr(getattr(target, "ring", None), "generation", "?"))
         return switched
 
-    return RingWatcher(keystore, reload, interval=interval, on_switch=on_switch).start()
+    def alive() -> bool:
+        return ref() is not None
+
+    return RingWatcher(keystore, reload, interval=interval, on_switch=on_switch, alive=alive).start()
