@@ -16,6 +16,7 @@ from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from tests.support.proxy import CountingProxy
+from tests.support.waiting import until
 
 
 def test_full_queue_counts_drops_logs_and_never_blocks_a_seal(
@@ -103,14 +104,6 @@ def _stored_one_through_a_proxy(
     return sink, proxy
 
 
-def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Wait until `condition()` holds, for at most `seconds` (then the test fails)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-
-
 def _count(url: str) -> int:
     """How many records the store at `url` holds."""
     store = open_store(url)
@@ -132,7 +125,7 @@ def test_closing_while_the_store_is_down_counts_the_batch_it_did_not_take_as_dro
     proxy.stop()
     for i in range(10):
         sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-    _until(lambda: sink.write_failures > 0)
+    until(lambda: sink.write_failures > 0)
     with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
         sink.close(timeout=1)
     assert sink.dropped == 10 and sink.written == 1
@@ -156,7 +149,7 @@ def test_closing_while_a_batch_is_being_stored_counts_it_if_the_store_does_not_t
     time.sleep(0.2)  # the background thread's append of the 10 waits for the store (2 s write deadline)
     with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
         sink.close(timeout=0.1)
-        _until(lambda: sink.written + sink.dropped >= 11)  # the append failed at its deadline, and was counted
+        until(lambda: sink.written + sink.dropped >= 11)  # the append failed at its deadline, and was counted
     written, dropped = sink.written, sink.dropped
     assert _count(postgres_url) == 1
     assert (written, dropped) == (1, 10), caplog.text
@@ -175,13 +168,13 @@ def test_closing_while_the_failed_batch_is_stored_again_counts_it_once(
     proxy.stop()
     for i in range(10):
         sink.record("seal", kid="bbbbbbbb", token=f"mk1.B{i}")
-    _until(lambda: sink.write_failures > 0)
+    until(lambda: sink.write_failures > 0)
     proxy.faults.latency(0.05)  # slow, not down: storing the 10 again takes a few round trips
     proxy.start()
-    _until(sink._direct.chain.lock.locked)  # the background thread is in the append of the 10
+    until(sink._direct.chain.lock.locked)  # the background thread is in the append of the 10
     with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit"):
         sink.close(timeout=0.01)
-        _until(lambda: sink.written + sink.dropped >= 11)  # the append ended, and was counted
+        until(lambda: sink.written + sink.dropped >= 11)  # the append ended, and was counted
     written, dropped = sink.written, sink.dropped
     proxy.faults.restore()
     assert _count(postgres_url) == written

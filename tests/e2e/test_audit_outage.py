@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import re
-import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -25,6 +24,7 @@ from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
 from tests.support.proxy import CountingProxy
+from tests.support.waiting import until
 
 
 def _sidecar(keystore_path: Path, sink: AuditSink, *, strict: bool) -> tuple[TestClient, dict[str, str]]:
@@ -33,15 +33,6 @@ def _sidecar(keystore_path: Path, sink: AuditSink, *, strict: bool) -> tuple[Tes
         ServiceConfig(strict_audit=strict), keystore=str(keystore_path), audit=SidecarAudit(sink, strict=strict)
     )
     return TestClient(app), {"authorization": f"Bearer {secret}"}
-
-
-def _until(check: object, timeout: float) -> float:
-    """Seconds until `check()` is true (polling every 20 ms); fails the test after `timeout` s."""
-    started = time.monotonic()
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() - started < timeout, f"not within {timeout} s"
-        time.sleep(0.02)
-    return time.monotonic() - started
 
 
 def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_of_its_return(
@@ -53,17 +44,17 @@ def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_o
     seal = {"audience": "svc", "payload": "AA"}
     try:
         assert http.post("/v1/seal", json=seal, headers=auth).status_code == 200
-        assert sink.flush(timeout=30)
+        assert sink.flush(30)
         proxy.stop()  # the database is gone: open connections cut, new ones refused
         http.post("/v1/seal", json=seal, headers=auth)  # queued; its write fails
-        _until(lambda: http.get("/readyz").status_code == 503, timeout=30)
+        until(lambda: http.get("/readyz").status_code == 503, 30)
         refused = http.post("/v1/seal", json=seal, headers=auth)
         assert refused.status_code == 503 and refused.json() == {"error": "audit_unavailable"}
         proxy.start()
-        back = _until(lambda: http.post("/v1/seal", json=seal, headers=auth).status_code == 200, timeout=5.0)
+        back = until(lambda: http.post("/v1/seal", json=seal, headers=auth).status_code == 200, 5.0)
         assert http.get("/readyz").status_code == 200
         print(f"strict: seals served again {back:.2f} s after the database came back")
-        assert sink.flush(timeout=30)
+        assert sink.flush(30)
         assert len(sink.store.query(Query(op="seal"))) == 3  # before, during (written after), after
     finally:
         http.close()
@@ -82,14 +73,14 @@ def test_non_strict_sidecar_writes_the_outage_backlog_after_it_and_counts_exactl
     batch = {"items": [{"audience": "svc", "payload": payload}] * 100}
     try:
         assert http.post("/v1/seal/batch", json=batch, headers=auth).status_code == 200
-        assert sink.flush(timeout=30)
+        assert sink.flush(30)
         proxy.stop()
         for _ in range(20):  # the sidecar keeps serving without its store
             assert http.post("/v1/seal/batch", json=batch, headers=auth).status_code == 200
         assert http.get("/readyz").status_code == 503
         sink.ring_loaded(None, 7, "kid00007")  # cannot be written now: kept, written once the store is back
         proxy.start()
-        _until(lambda: http.get("/readyz").status_code == 200, timeout=30)  # by itself: no flush, no restart
+        until(lambda: http.get("/readyz").status_code == 200, 30)  # by itself: no flush, no restart
         assert sink.flush(timeout=60)
         metrics = http.get("/metrics").text
         m = re.search(r"^mrtr_sidecar_audit_dropped_total (\S+)$", metrics, re.M)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
 from tests.fixtures.sidecar import start_sidecar
 from tests.support import tls
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.e2e
 
@@ -39,14 +39,6 @@ def _presence(ring: Path) -> dict[str, InstanceRecord]:
         return {r.name: r for r in read_instances(store)}
     finally:
         store.close()
-
-
-def _until(what: str, check: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.1)
 
 
 def test_an_instance_with_reload_off_blocks_the_gates_and_after_a_forced_promote_looks_once_at_the_new_kid(
@@ -66,13 +58,13 @@ def test_an_instance_with_reload_off_blocks_the_gates_and_after_a_forced_promote
         forced = run_cli("rotate", "promote", "--force", "--json", keystore=ring)
         assert forced.code == 0 and forced.json()["forced"] is True
         generation = forced.json()["generation"]
-        _until("live-1 loads the promote", lambda: _presence(ring)["live-1"].generation == generation)
+        until(lambda: _presence(ring)["live-1"].generation == generation, 30, "live-1 loads the promote", every=0.1)
         # NEW seals on live-1; the frozen instance never loaded it, but an unknown kid makes it look at the
         # keystore once (reload off notwithstanding: mrtr_keys.codecs.fence) and it opens the round
         token = anyio.run(first_round, live.url).request_state
         assert text_of(anyio.run(retry_round, frozen.url, token)).endswith("(served by frozen)")
         assert text_of(anyio.run(retry_round, live.url, token)).endswith("(served by live-1)")
-        _until("frozen reports the promote", lambda: _presence(ring)["frozen"].generation == generation)
+        until(lambda: _presence(ring)["frozen"].generation == generation, 30, "frozen reports the promote", every=0.1)
         res = run_cli("rotate", "retire", keystore=ring)
         assert res.code == 75 and "frozen" not in res.err  # only the TTL is left to wait for
         events = run_cli("audit", "query", "--op", "promote", "--json", keystore=ring).json()
@@ -140,9 +132,11 @@ def test_a_ring_that_goes_back_is_refused_by_library_codecs_and_sidecars_under_t
 
             for data, says in ((backup, "older than the loaded generation 2"), (other.read_bytes(), "is another ring")):
                 write(data)
-                _until(
-                    f"every instance refuses ({says})",
+                until(
                     lambda says=says: all(says in (r.note or "") for n, r in _presence(ring).items() if n in names),
+                    30,
+                    f"every instance refuses ({says})",
+                    every=0.1,
                 )
                 traffic.wait_rounds(4)
                 for s in sidecars:
@@ -150,13 +144,20 @@ def test_a_ring_that_goes_back_is_refused_by_library_codecs_and_sidecars_under_t
                     assert ready.status_code == 200 and says in ready.json()["reload_error"]
                     assert ready.json()["generation"] == 2
             write(good)
-            _until("the notes clear", lambda: all(r.note is None for n, r in _presence(ring).items() if n in names))
+            until(
+                lambda: all(r.note is None for n, r in _presence(ring).items() if n in names),
+                30,
+                "the notes clear",
+                every=0.1,
+            )
             res = run_cli("rotate", "promote", "--wait", "60", "--json", keystore=ring)
             assert res.code == 0 and res.json()["forced"] is False, res.err
             generation = res.json()["generation"]
-            _until(
-                "every instance loads the promote",
+            until(
                 lambda: all(_presence(ring)[n].generation == generation for n in names),
+                30,
+                "every instance loads the promote",
+                every=0.1,
             )
             traffic.wait_rounds(4)
         finally:

@@ -16,6 +16,7 @@ from mrtr_keys.factory import open_codec
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.keystores.watch import RingWatcher, watch_codec
 from mrtr_keys.ring.model import KeyRing
+from tests.support.waiting import until
 
 
 class CountingKeystore(FileKeystore):
@@ -92,17 +93,13 @@ def test_the_thread_ends_once_its_codec_is_gone(keystore_path: Path, checked: in
     keystore for as long as the process lived (a full run held to 0.7 of a core failed on it)."""
     codec = open_codec(keystore_path, audience="svc", reload_every=0.05)
     watcher = codec.watcher  # type: ignore[attr-defined]
-    if checked:
-        deadline = time.monotonic() + 10
-        while watcher.checks < checked:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+    until(lambda: watcher.checks >= checked)
+    checks = watcher.checks
     del codec
     gc.collect()
-    deadline = time.monotonic() + 10
-    while watcher.running:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: not watcher.running, what="the thread ends")
+    assert watcher.checks <= checks + 1  # no keystore check once it was gone (one may have been under way)
+    assert watcher.stuck_note() is None  # ended, not stuck
 
 
 def test_reload_off_says_so_in_the_log(keystore_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -290,11 +290,12 @@ class RingWatcher:
             self._wake.wait(self.next_delay())
             self._wake.clear()
             if self._stopping or (self._alive is not None and not self._alive()):
-                return
+                break
             try:
                 self.check()
             except WatchedGone:
-                return
+                break
+        self._stopping = True  # ended for good: never stuck (`stuck_since`), and `wake()` checks nothing
 
 
 def watch_codec(

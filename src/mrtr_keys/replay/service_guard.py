@@ -114,7 +114,7 @@ class SidecarReplay:
     def down_since(self) -> float | None:
         """POSIX time since which store calls fail (None while they succeed)."""
         since = getattr(self.guard.store, "down_since", None)
-        return since if isinstance(since, float) else None
+        return float(since) if isinstance(since, int | float) and not isinstance(since, bool) else None
 
     def close(self) -> None:
         self.guard.store.close()
