@@ -141,32 +141,27 @@ def test_postgres_creates_its_table_on_first_use_and_purges_in_bounded_batches(
 
 def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) -> None:
     import time
-    from urllib.parse import urlparse
 
     import psycopg
 
     from mrtr_keys.replay.postgres_store import PostgresReplayStore
-    from tests.fixtures.faults import through
+    from tests.fixtures.faults import proxied
+    from tests.support.waiting import until
 
     with psycopg.connect(pg_replay_url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
-    parsed = urlparse(pg_replay_url)
-    proxy = CountingProxy(parsed.port or 5432, http=False)
-    store = PostgresReplayStore(through(pg_replay_url, proxy), timeout=1.0, purge_interval=0.05)
-    try:
-        assert store.consume(os.urandom(16), 60_000)  # schema, and the purge thread starts
-        proxy.stop()
-        _expired_rows(pg_replay_url, 30)
-        time.sleep(0.3)  # a few purge passes fail while the store is away
-        assert _count(pg_replay_url) == 31
-        proxy.start()
-        deadline = time.monotonic() + 20
-        while _count(pg_replay_url) != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _count(pg_replay_url) == 1  # only the live record is left
-    finally:
-        store.close()
-        proxy.close()
+    with proxied(pg_replay_url) as (proxy, url):
+        store = PostgresReplayStore(url, timeout=1.0, purge_interval=0.05)
+        try:
+            assert store.consume(os.urandom(16), 60_000)  # schema, and the purge thread starts
+            proxy.stop()
+            _expired_rows(pg_replay_url, 30)
+            time.sleep(0.3)  # a few purge passes fail while the store is away
+            assert _count(pg_replay_url) == 31
+            proxy.start()
+            until(lambda: _count(pg_replay_url) == 1, 20, "only the live record is left", every=0.05)
+        finally:
+            store.close()
 
 
 def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
