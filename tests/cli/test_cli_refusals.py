@@ -78,3 +78,25 @@ def test_control_characters_in_an_error_are_shown_escaped_on_one_line(tmp_path: 
     r = run_cli("keys", "list", "--keystore", str(tmp_path / "a\nb\x1b[31mred"))
     one_line(r, 2, "no key ring at")
     assert "\x1b" not in r.err and "a b\\x1b[31mred" in r.err
+
+
+def test_a_replay_store_url_or_audit_factory_that_cannot_work_is_refused_at_start(keystore_path: Path) -> None:
+    """A trial run's mistakes in `serve`'s settings: a Redis URL with an unclosed ``[`` was an internal error
+    (exit 1), ``/abc`` as the database quietly used database 0, a port past 65535 on PostgreSQL and an
+    ``audit_factory`` that cannot be imported were not configuration errors (exit 1, or a store "down" for
+    good); each is one line and exit 2 now, without the URL's password. (On a Unix socket of the test's own:
+    nothing to race for.)"""
+    sock = str(keystore_path.parent / "sidecar.sock")
+    config = keystore_path.parent / "sidecar.toml"
+    config.write_text('[sidecar]\naudit_factory = "nomod:nofn"\n')
+    for url, says in (
+        ("redis://:S3cretPW@[::1:6379/9", "bad replay store URL"),
+        ("redis://:S3cretPW@127.0.0.1:6379/abc", "the database must be a number"),
+        ("redis://127.0.0.1:6379/-1", "the database must be a number"),
+        ("postgresql://u:S3cretPW@127.0.0.1:99999/db", "Port out of range"),
+    ):
+        r = run_cli("serve", "--uds", sock, "--replay-store", url, keystore=keystore_path, timeout=30)
+        one_line(r, 2, says)
+        assert "S3cretPW" not in r.out + r.err
+    r = run_cli("serve", "--uds", sock, "--config", str(config), keystore=keystore_path, timeout=30)
+    one_line(r, 2, "audit_factory 'nomod:nofn' cannot be imported")

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
 from mrtr_keys.urls import redact as redact  # re-exported for the stores
@@ -103,7 +104,17 @@ def open_store(url: str, *, timeout: float = DEFAULT_TIMEOUT) -> ReplayStore:
     if not (isinstance(timeout, int | float) and 0 < timeout <= 60):
         raise ConfigError("the replay store timeout must be a number of seconds above 0 and at most 60")
     scheme = url.partition(":")[0].lower()
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError as exc:  # an unclosed "[", a bad port
+        raise ConfigError(f"bad replay store URL {redact(url)}: {exc}") from None
     if scheme in ("redis", "rediss"):
+        db = parts.path[1:]
+        if db and not (db.isascii() and db.isdigit()):  # redis-py would quietly use database 0 for ``/abc``
+            raise ConfigError(
+                f"bad redis replay store URL {redact(url)}: the database must be a number, as in redis://HOST:PORT/0"
+            )
         from mrtr_keys.replay.redis_store import RedisReplayStore
 
         return RedisReplayStore(url, timeout=float(timeout))

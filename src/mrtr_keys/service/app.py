@@ -41,7 +41,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
 from mrtr_keys.audit.service_sink import sidecar_audit
-from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore
 from mrtr_keys.service import schemas
 from mrtr_keys.service.auth import ClientAuth
@@ -279,7 +279,7 @@ def _load_audit(config: ServiceConfig) -> AuditSink:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise MrtrKeysError(f"audit_factory {config.audit_factory!r} cannot be imported: {exc}") from None
+        raise ConfigError(f"audit_factory {config.audit_factory!r} cannot be imported: {exc}") from None
     sink: AuditSink = factory(config)
     return sink
 
