@@ -89,6 +89,8 @@ def test_a_store_outage_is_503_and_not_ready_until_the_store_is_back(
         ready = d.get("/readyz")
         doc = ready.json()
         assert ready.status_code == 503 and "replay" in doc["down"], doc  # `down` names every store that is down
+        # an authenticated caller also gets the store's URL (no password) and since when it is down
+        assert doc["replay"] == {"url": url, "down_since": doc["down"]["replay"]}, doc
         # `reason` names one: the replay store, unless a starved host left the audit writer late to acknowledge
         # too (the audit store's reason then takes precedence)
         assert "replay store" in doc["reason"] or "audit" in doc["down"], doc
