@@ -44,7 +44,7 @@ def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_o
     seal = {"audience": "svc", "payload": "AA"}
     try:
         assert http.post("/v1/seal", json=seal, headers=auth).status_code == 200
-        assert sink.flush(30)
+        assert sink.flush(timeout=30)
         proxy.stop()  # the database is gone: open connections cut, new ones refused
         http.post("/v1/seal", json=seal, headers=auth)  # queued; its write fails
         until(lambda: http.get("/readyz").status_code == 503, 30)
@@ -54,7 +54,7 @@ def test_strict_sidecar_refuses_during_a_database_outage_and_serves_within_5_s_o
         back = until(lambda: http.post("/v1/seal", json=seal, headers=auth).status_code == 200, 5.0)
         assert http.get("/readyz").status_code == 200
         print(f"strict: seals served again {back:.2f} s after the database came back")
-        assert sink.flush(30)
+        assert sink.flush(timeout=30)
         assert len(sink.store.query(Query(op="seal"))) == 3  # before, during (written after), after
     finally:
         http.close()
@@ -73,7 +73,7 @@ def test_non_strict_sidecar_writes_the_outage_backlog_after_it_and_counts_exactl
     batch = {"items": [{"audience": "svc", "payload": payload}] * 100}
     try:
         assert http.post("/v1/seal/batch", json=batch, headers=auth).status_code == 200
-        assert sink.flush(30)
+        assert sink.flush(timeout=30)
         proxy.stop()
         for _ in range(20):  # the sidecar keeps serving without its store
             assert http.post("/v1/seal/batch", json=batch, headers=auth).status_code == 200
