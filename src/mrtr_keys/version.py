@@ -2,5 +2,5 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 """The release, as in pyproject.toml (a test keeps the two equal)."""

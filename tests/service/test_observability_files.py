@@ -65,7 +65,7 @@ def test_dashboard_and_alerts_name_only_exported_metrics(tmp_path: Path, sidecar
     samples = {s.name: s for f in families for s in f.samples}
     assert samples["mrtr_sidecar_ring_generation"].value == 1
     assert samples["mrtr_sidecar_ring_phase"].value == 0
-    assert samples["mrtr_sidecar_build_info"].labels == {"version": "0.1.0"}
+    assert samples["mrtr_sidecar_build_info"].labels == {"version": "0.2.0"}
     rejected = [s for f in families for s in f.samples if s.name == "mrtr_sidecar_rejections_total"]
     assert [(s.labels, s.value) for s in rejected] == [({"reason": "unknown kid"}, 1.0)]
 

@@ -66,7 +66,7 @@ def _print_version(value: bool) -> None:
 
 
 def version() -> str:
-    """The installed package's version (``0.1.0``)."""
+    """The installed package's version (``0.2.0``)."""
     from importlib.metadata import version as dist_version
 
     return dist_version("mrtr-keys")
