@@ -1,0 +1,232 @@
+"""The checker: the invariants of docs/reliability.md, held against what the clients, the log and the probes saw.
+
+It never acts on the fleet. Each violation names its time, the faults active then (`Timeline.labels`) and
+the evidence. The rules, in the order `classify_rounds`, `check_readiness` and `convergence` apply them:
+
+* **Nothing forged or replayed is accepted.** A forger's call that was served, or a race whose two copies
+  were both served, is a violation.
+* **No round is rejected except by design.** A rejected round 2 takes its reason from the opener's audit
+  event for that token (same process). By design: ``replay store unavailable`` while that instance's link
+  to the replay store was faulted (`REPLAY_SLACK` s before, for the reconnect after a heal, to 1 s after);
+  ``replayed`` when the other copy of a race won; ``expired`` when the round took longer than the TTL.
+  Any other reason, or none found, is a violation.
+* **No round fails except on a killed or paused instance.** A failed call (refused, reset, past its
+  deadline, a 5xx) must overlap a kill or pause of the instance it went to (`DOWN_SLACK` s either side).
+* **Readiness follows docs/sidecar.md.** A sidecar whose link to a store has been cut or blackholed for
+  `grace` s answers ``/readyz`` 503 naming that store in ``down``; one with no fault of any kind on it or
+  its links for `grace` s answers 200 with no ``reload_error``; one that serves fenced out says so in
+  ``/readyz`` (``fence``) and in its presence note.
+* **The fleet converges.** After each heal, the time until every instance not under a fault serves the
+  ring's generation is measured (p99 in the report); after the last heal it must be within 3 s.
+
+Time bounds add the host's lateness over the same stretch (`tests.support.lateness.Relay`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.chaos.audit_check import AuditIndex, life_at
+from bench.chaos.fleet import Member
+from bench.chaos.nemesis import Applied, Timeline
+from bench.chaos.probes import Samples
+from bench.chaos.traffic import Round
+
+DOWN_SLACK = 1.0
+REPLAY_SLACK = 10.0
+STORE_FAULTS = ("cut", "blackhole")
+BY_DESIGN = {
+    "replay store unavailable": "replay store down (on_store_error=deny)",
+    "replayed": "single-use replay (the other copy of a race won)",
+    "expired": "older than the TTL",
+}
+
+
+@dataclass
+class Violation:
+    at: float
+    what: str
+    faults: list[str]
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": round(self.at, 3), "what": self.what, "faults": self.faults, "evidence": self.evidence[:2000]}
+
+
+@dataclass
+class Checker:
+    members: dict[str, Member]
+    timeline: Timeline
+    ttl: float
+    lateness: Callable[[float, float], float] = lambda start, end: 0.0
+    """Seconds the host ran late over a stretch of POSIX time."""
+    violations: list[Violation] = field(default_factory=list)
+    rejections: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    forger: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def report(self, at: float, what: str, evidence: str = "", end: float | None = None) -> None:
+        v = Violation(at, what, self.timeline.labels(at, end, slack=1.0), evidence)
+        self.violations.append(v)
+        print(f"[chaos] VIOLATION at {at:.3f}: {what} | faults: {v.faults} | {evidence[:300]}", flush=True)
+
+    # ------------------------------------------------------------------ faults on one member
+
+    def _on(self, name: str, start: float, end: float, slack: float, kinds: tuple[str, ...]) -> list[Applied]:
+        return [
+            a
+            for a in self.timeline.during(start, end, slack)
+            if a.fault.kind in kinds and a.fault.target == name and not a.note.startswith("not ")
+        ]
+
+    def down(self, name: str, start: float, end: float) -> bool:
+        """True if `name` was killed or paused at some moment of [start, end] (with `DOWN_SLACK`)."""
+        return bool(self._on(name, start, end, DOWN_SLACK, ("kill", "pause")))
+
+    def link_faulted(self, name: str, dependency: str, start: float, end: float, kinds: tuple[str, ...]) -> bool:
+        for a in self.timeline.during(start, end):
+            f = a.fault
+            if f.dependency == dependency and f.target in (name, "all") and f.kind in kinds:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ rounds
+
+    def classify_rounds(self, rounds: list[Round], index: AuditIndex, fp: Callable[[str], str]) -> None:
+        for i, r in enumerate(rounds):
+            if r.forged:
+                if r.outcome == "accepted":
+                    self.report(r.t_open or r.t0, f"a {r.kind}ed token was accepted by {r.opener}", r.detail)
+                self.forger[f"{r.kind} {r.outcome}"] += 1
+                continue
+            if r.kind == "race" and r.twin is not None and r.twin > i and r.outcome == "ok":
+                if rounds[r.twin].outcome == "ok":
+                    self.report(r.t_open or r.t0, "both copies of a raced token were served", f"{r.opener}")
+            if r.outcome == "ok":
+                continue
+            if r.outcome == "failed" or (
+                r.outcome == "rejected" and "-32602" not in r.detail and "HTTP" not in r.detail
+            ):
+                self._failed(r)
+            else:
+                self._rejected(r, rounds, index, fp)
+
+    def _failed(self, r: Round) -> None:
+        name = r.sealer if r.stage == "seal" else (r.opener or r.sealer)
+        start = r.t0 if r.stage == "seal" else (r.t_open or r.t0)
+        if self.down(name, start, r.t1):
+            self.failures["connection error to a killed or paused instance"] += 1
+            return
+        self.report(start, f"{r.kind} round failed at {r.stage} on {name}", r.detail, end=r.t1)
+
+    def _rejected(self, r: Round, rounds: list[Round], index: AuditIndex, fp: Callable[[str], str]) -> None:
+        assert r.opener is not None and r.token is not None and r.t_open is not None
+        life = life_at(self.members[r.opener], r.t_open)
+        events = [e for e in index.find(fp(r.token), "unseal", life.pid if life else None) if e.outcome != "ok"]
+        reason = events[0].reason if events else None
+        if reason is None and "replay_store_unavailable" in r.detail:
+            reason = "replay store unavailable"
+        why = None
+        if reason == "replay store unavailable":
+            faulted = self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK)
+            why = BY_DESIGN[reason] if faulted else None
+        elif reason == "replayed":
+            twin = rounds[r.twin] if r.twin is not None else None
+            why = BY_DESIGN[reason] if twin is not None and twin.outcome == "ok" else None
+        elif reason == "expired":
+            why = BY_DESIGN[reason] if r.t1 - r.t0 >= self.ttl else None
+        elif reason is None and self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK):
+            why = BY_DESIGN["replay store unavailable"] + ", no event stored"
+        if why is not None:
+            self.rejections[why] += 1
+            return
+        self.rejections[f"NOT BY DESIGN: {reason}"] += 1
+        evidence = f"reason {reason!r} (audit events {events!r}); client saw {r.detail}; sealed by {r.sealer}"
+        self.report(r.t_open, f"{r.kind} round 2 rejected on {r.opener}", evidence, end=r.t1)
+
+    # ------------------------------------------------------------------ readiness
+
+    def check_readiness(self, samples: Samples, grace: float) -> collections.Counter[str]:
+        """The readiness rules of the module docstring over every sidecar sample; counts of each rule checked."""
+        checked: collections.Counter[str] = collections.Counter()
+        for s in samples.members:
+            member = self.members[s.name]
+            if member.kind != "sidecar" or s.status is None:
+                continue
+            bound = grace + self.lateness(s.at - grace, s.at)
+            down = s.doc.get("down") or {}
+            for dependency, component in (("replay", "replay"), ("audit", "audit")):
+                if self._held(s.name, dependency, s.at - bound, s.at):
+                    checked[f"{component} down -> 503"] += 1
+                    if s.status != 503 or component not in down:
+                        self.report(
+                            s.at,
+                            f"{s.name} /readyz {s.status} while its {component} store was down {bound:.1f} s",
+                            repr(s.doc),
+                        )
+            if not self._any_fault(s.name, s.at - bound, s.at):
+                checked["no fault -> 200"] += 1
+                if s.status != 200 or s.doc.get("reload_error"):
+                    self.report(s.at, f"{s.name} /readyz {s.status} with no fault for {bound:.1f} s", repr(s.doc))
+        return checked
+
+    def _held(self, name: str, dependency: str, start: float, end: float) -> bool:
+        """A cut or blackhole of `name`'s `dependency` link lasted all of [start, end]."""
+        for a in self.timeline.during(start, end):
+            f = a.fault
+            if f.dependency == dependency and f.target in (name, "all") and f.kind in STORE_FAULTS:
+                if a.began <= start and (a.ended is None or a.ended >= end):
+                    return True
+        return False
+
+    def _any_fault(self, name: str, start: float, end: float) -> bool:
+        for a in self.timeline.during(start, end):
+            f = a.fault
+            if f.target in (name, "all", "state", "ring") or (f.kind == "writer_kill" and f.target == name):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ convergence
+
+    def convergence(self, samples: Samples) -> list[float]:
+        """After each heal that left an instance behind the ring's generation: seconds until every instance it
+        affected (and not under another fault by then) serves the ring's generation (sampled every 0.5 s)."""
+        by_name: dict[str, list[Any]] = collections.defaultdict(list)
+        for s in samples.members:
+            by_name[s.name].append(s)
+        out: list[float] = []
+        for a in self.timeline.applied:
+            if a.ended is None or a.fault.duration <= 0 or a.note.startswith("not "):
+                continue
+            target = a.fault.target
+            names = [target] if target in by_name else sorted(by_name)
+            done = self._converged_after(a.ended, names, by_name, samples)
+            if done is not None:
+                out.append(done - a.ended)
+        return out
+
+    def _converged_after(
+        self, heal: float, names: list[str], by_name: dict[str, list[Any]], samples: Samples
+    ) -> float | None:
+        def behind(name: str, t: float, since: float) -> bool | None:
+            """Whether `name`'s latest sample in [since, t] is behind the ring (None: no answer / faulted)."""
+            if self._any_fault(name, t, t):
+                return None
+            latest = [s for s in by_name[name] if since <= s.at <= t]
+            if not latest or latest[-1].generation is None:
+                return True
+            return latest[-1].generation != samples.ring_generation(latest[-1].at)
+
+        if not any(behind(n, heal, heal - 2.0) for n in names):
+            return None  # nobody was behind at the heal: nothing to converge
+        times = sorted({s.at for n in names for s in by_name[n] if heal <= s.at <= heal + 60})
+        for t in times:
+            if not any(behind(n, t, heal) for n in names):
+                return t
+        return None
+
+
+_ANY_LINK = ("cut", "blackhole", "slow", "flap")
