@@ -179,7 +179,9 @@ class RingLifecycle:
         stuck ring watcher (`stale_note`) also give 503. ``down`` names each component that is down
         (``codec``, ``audit``, ``replay``) with the time since when; the error text of a store (which may
         name hosts and users) goes to the log and, with `detail` (an authenticated caller), into the answer
-        (``audit``, ``replay``).
+        (``audit``, ``replay``). ``fenced_out`` is the fence's note while the sidecar serves fenced out (its
+        lease ran out and the keystore check failed: `mrtr_keys.codecs.fence`), the one its heartbeat carries;
+        serving so is by design, so it changes no status.
         """
         ring = self.ring.ring
         stale = self.stale_note()
@@ -196,6 +198,9 @@ class RingLifecycle:
         watcher = self.watcher_status()
         if watcher is not None:
             doc["watcher"] = watcher
+        fenced = self.fence.note() if self.fence is not None else None
+        if fenced is not None:
+            doc["fenced_out"] = fenced
         if not ok:
             doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
             down["codec"] = None
