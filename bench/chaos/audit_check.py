@@ -44,6 +44,8 @@ class Event:
 @dataclass
 class AuditIndex:
     by_fingerprint: dict[str, list[Event]] = field(default_factory=dict)
+    fenced: dict[int, list[float]] = field(default_factory=dict)
+    """pid -> times of its ok events served fenced out (reason ``fenced-out``)."""
     total: int = 0
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
@@ -72,6 +74,8 @@ def load_index(pg_url: str) -> AuditIndex:
             )
             if ev.outcome != "ok" or ev.reason:
                 index.reasons[f"{ev.op} {ev.outcome} {ev.reason}"] += 1
+            if ev.outcome == "ok" and ev.reason == "fenced-out":
+                index.fenced.setdefault(pid, []).append(when)
     finally:
         close = getattr(store, "close", None)
         if close is not None:

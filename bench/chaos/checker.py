@@ -13,9 +13,9 @@ the evidence. The rules, in the order `classify_rounds`, `check_readiness` and `
 * **No round fails except on a killed or paused instance.** A failed call (refused, reset, past its
   deadline, a 5xx) must overlap a kill or pause of the instance it went to (`DOWN_SLACK` s either side).
 * **Readiness follows docs/sidecar.md.** A sidecar whose link to a store has been cut or blackholed for
-  `grace` s answers ``/readyz`` 503 naming that store in ``down``; one with no fault of any kind on it or
-  its links for `grace` s answers 200 with no ``reload_error``; one that serves fenced out says so in
-  ``/readyz`` (``fence``) and in its presence note.
+  `grace` s answers ``/readyz`` 503 naming that store in ``down``; one up and with no fault of any kind on
+  it or its links for `grace` s answers 200 with no ``reload_error``; an instance that serves fenced out
+  says so in ``/readyz`` (``fenced_out``; an MCP server in its status) and in its presence note.
 * **The fleet converges.** After each heal, the time until every instance not under a fault serves the
   ring's generation is measured (p99 in the report); after the last heal it must be within 3 s.
 
@@ -114,6 +114,18 @@ class Checker:
             else:
                 self._rejected(r, rounds, index, fp)
 
+    def _ts(self, r: Round) -> None:
+        """A TypeScript round that was not served: its sidecars (``sc-1+sc-2``) must have been down or paused,
+        or their replay store faulted (the TypeScript codec's every sidecar failure is a refused round)."""
+        names = r.sealer.split("+")
+        start, end = r.t0 - DOWN_SLACK, r.t1 + DOWN_SLACK
+        if any(self.down(n, start, end) for n in names):
+            self.failures["typescript: a sidecar killed or paused"] += 1
+        elif any(self.link_faulted(n, "replay", r.t0 - REPLAY_SLACK, end, _ANY_LINK) for n in names):
+            self.rejections[BY_DESIGN["replay store unavailable"] + " (typescript)"] += 1
+        else:
+            self.report(r.t0, f"typescript round {r.outcome} through {r.sealer}", r.detail, end=r.t1)
+
     def _failed(self, r: Round) -> None:
         name = r.sealer if r.stage == "seal" else (r.opener or r.sealer)
         start = r.t0 if r.stage == "seal" else (r.t_open or r.t0)
@@ -133,9 +145,8 @@ class Checker:
         if reason == "replay store unavailable":
             faulted = self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK)
             why = BY_DESIGN[reason] if faulted else None
-        elif reason == "replayed":
-            twin = rounds[r.twin] if r.twin is not None else None
-            why = BY_DESIGN[reason] if twin is not None and twin.outcome == "ok" else None
+        elif reason in ("replayed", None) and r.twin is not None and rounds[r.twin].outcome == "ok":
+            why = BY_DESIGN["replayed"] + ("" if reason else ", no event stored")
         elif reason == "expired":
             why = BY_DESIGN[reason] if r.t1 - r.t0 >= self.ttl else None
         elif reason is None and self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK):
@@ -167,7 +178,9 @@ class Checker:
                             f"{s.name} /readyz {s.status} while its {component} store was down {bound:.1f} s",
                             repr(s.doc),
                         )
-            if not self._any_fault(s.name, s.at - bound, s.at):
+            life = life_at(member, s.at)
+            settled = life is not None and life.started <= s.at - bound  # a process starting is not judged yet
+            if settled and not self._any_fault(s.name, s.at - bound, s.at):
                 checked["no fault -> 200"] += 1
                 if s.status != 200 or s.doc.get("reload_error"):
                     self.report(s.at, f"{s.name} /readyz {s.status} with no fault for {bound:.1f} s", repr(s.doc))
@@ -182,12 +195,53 @@ class Checker:
                     return True
         return False
 
-    def _any_fault(self, name: str, start: float, end: float) -> bool:
+    def _any_fault(self, name: str, start: float, end: float, ignore: Applied | None = None) -> bool:
         for a in self.timeline.during(start, end):
+            if a is ignore:
+                continue
             f = a.fault
             if f.target in (name, "all", "state", "ring") or (f.kind == "writer_kill" and f.target == name):
                 return True
         return False
+
+    # ------------------------------------------------------------------ fenced out
+
+    def check_fencing(self, samples: Samples, index: AuditIndex, heartbeat: float) -> collections.Counter[str]:
+        """Each call served fenced out (an ok event with reason ``fenced-out``) while the instance's keystore link
+        stays cut or blackholed: its ``/readyz`` (a sidecar) or status (an MCP server) says so in the next
+        `FENCE_LOOK` s, and, when its audit link is sound, its heartbeat note within 3 heartbeats (+1 s)."""
+        checked: collections.Counter[str] = collections.Counter()
+        by_name: dict[str, list[Any]] = collections.defaultdict(list)
+        for sample in samples.members:
+            by_name[sample.name].append(sample)
+        for name, member in self.members.items():
+            for life in member.lives:
+                for t in sorted(index.fenced.get(life.pid, [])):
+                    self._fenced_at(name, life.pid, t, by_name[name], samples, heartbeat, checked)
+        return checked
+
+    def _fenced_at(
+        self, name: str, pid: int, t: float, series: list[Any], samples: Samples, heartbeat: float, checked: Any
+    ) -> None:
+        says = [s for s in series if s.pid == pid and t <= s.at <= t + FENCE_LOOK and s.status is not None]
+        says = [s for s in says if self._held(name, "keystore", t, s.at)]
+        if says:
+            checked["fenced out -> /readyz or status"] += 1
+            if not any(_fenced(s.doc) for s in says):
+                self.report(t, f"{name} served fenced out and its /readyz or status did not say so", repr(says[0].doc))
+        window = 3 * heartbeat + 1.0 + self.lateness(t, t + 3 * heartbeat + 1.0)
+        if not self._held(name, "keystore", t, t + window) or self.link_faulted(
+            name, "audit", t, t + window, _ANY_LINK
+        ):
+            return
+        if self._on(name, t, t + window, 0.0, ("kill", "pause")):
+            return
+        checked["fenced out -> heartbeat note"] += 1
+        notes = [rows.get(name) for at, rows in samples.presence if t <= at <= t + window]
+        if not any(row and row[1] and "fenced out" in row[1] for row in notes):
+            self.report(
+                t, f"{name} served fenced out and its heartbeat never said so in {window:.1f} s", repr(notes[-3:])
+            )
 
     # ------------------------------------------------------------------ convergence
 
@@ -203,17 +257,20 @@ class Checker:
                 continue
             target = a.fault.target
             names = [target] if target in by_name else sorted(by_name)
-            done = self._converged_after(a.ended, names, by_name, samples)
+            done = self._converged_after(a, names, by_name, samples)
             if done is not None:
                 out.append(done - a.ended)
         return out
 
     def _converged_after(
-        self, heal: float, names: list[str], by_name: dict[str, list[Any]], samples: Samples
+        self, healed: Applied, names: list[str], by_name: dict[str, list[Any]], samples: Samples
     ) -> float | None:
+        assert healed.ended is not None
+        heal = healed.ended
+
         def behind(name: str, t: float, since: float) -> bool | None:
-            """Whether `name`'s latest sample in [since, t] is behind the ring (None: no answer / faulted)."""
-            if self._any_fault(name, t, t):
+            """Whether `name`'s latest sample in [since, t] is behind the ring (None: under another fault)."""
+            if self._any_fault(name, t, t, ignore=healed):
                 return None
             latest = [s for s in by_name[name] if since <= s.at <= t]
             if not latest or latest[-1].generation is None:
@@ -230,3 +287,10 @@ class Checker:
 
 
 _ANY_LINK = ("cut", "blackhole", "slow", "flap")
+FENCE_LOOK = 2.0
+
+
+def _fenced(doc: dict[str, Any]) -> bool:
+    """True if a probe's answer says the instance serves fenced out (sidecar ``/readyz`` or MCP status)."""
+    fence = doc.get("fence")
+    return bool(doc.get("fenced_out")) or (isinstance(fence, dict) and bool(fence.get("note")))

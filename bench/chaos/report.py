@@ -82,15 +82,21 @@ def build(
     }
 
 
-def write(doc: dict[str, Any], directory: Path, stamp: str, *, rounds: list[Any], logs: Path | None) -> Path:
-    """The report as ``chaos-STAMP.json`` in `directory`; beside it every round as ``chaos-STAMP-rounds.jsonl``
-    and the processes' logs under ``chaos-STAMP-logs/`` (the evidence behind each violation)."""
+def write(
+    doc: dict[str, Any], directory: Path, stamp: str, *, rounds: list[Any], probes: list[Any], logs: Path | None
+) -> Path:
+    """The report as ``chaos-STAMP.json`` in `directory`; beside it every round as ``chaos-STAMP-rounds.jsonl``,
+    every probe as ``chaos-STAMP-probes.jsonl`` and the processes' logs under ``chaos-STAMP-logs/`` (the
+    evidence behind each violation)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"chaos-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     with (directory / f"chaos-{stamp}-rounds.jsonl").open("w") as out:
         for r in rounds:
             out.write(json.dumps(dataclasses.asdict(r), default=str) + "\n")
+    with (directory / f"chaos-{stamp}-probes.jsonl").open("w") as out:
+        for sample in probes:
+            out.write(json.dumps(dataclasses.asdict(sample), default=str) + "\n")
     if logs is not None and logs.is_dir():
         shutil.copytree(logs, directory / f"chaos-{stamp}-logs", dirs_exist_ok=True)
     return path

@@ -13,6 +13,7 @@ every instance is stopped cleanly (its sink flushes); the audit log is read and 
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from bench.chaos.probes import Prober
 from bench.chaos.rotator import CHANGED, Rotator
 from bench.chaos.schedule import KINDS, Schedule, make_schedule
 from bench.chaos.traffic import Traffic
+from bench.chaos.typescript import TsClients
 
 CONVERGE = 3.0
 """Seconds within which every instance serves the newest generation after the last heal."""
@@ -55,9 +57,11 @@ class Config:
     replay: Schedule | None = None
     results_dir: Path | None = None
     quiet: bool = False
+    typescript: bool = True
+    """Also run the TypeScript servers and client (`bench.chaos.typescript`) when ``node`` is on PATH."""
 
     def names(self) -> list[str]:
-        n_sidecars = max(1, self.instances // 2 - (1 if self.instances >= 5 else 0)) if self.instances > 2 else 1
+        n_sidecars = max(1, self.instances * 2 // 5)
         n_mcp = self.instances - n_sidecars
         return [f"mcp-{i}" for i in range(1, n_mcp + 1)] + [f"sc-{i}" for i in range(1, n_sidecars + 1)]
 
@@ -70,6 +74,8 @@ class Run:
     ring: str = ""
     state: Path = Path()
     members: dict[str, Member] = field(default_factory=dict)
+    closers: list[Any] = field(default_factory=list)
+    """Every started component's stop (idempotent), run in reverse at the end even after an error."""
     races: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -164,6 +170,11 @@ def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
             fleet.start(member)
         return _run(r, schedule, links, relay, offset, secret, disk)
     finally:
+        for close in reversed(r.closers):
+            try:
+                close()
+            except Exception as exc:
+                r.log(f"[chaos] while stopping: {type(exc).__name__}: {exc}")
         relay.stop()
         for member in r.members.values():
             try:
@@ -203,14 +214,23 @@ def _run(
         schedule_path = schedule.save(results / f"chaos-{stamp}-schedule.json")
     prober = Prober(r.members, secret, ring_generation=ring_generation, presence=presence).start()
     sampler = resources.Sampler(r.members, every=config.resource_every).start()
+    r.closers += [prober.stop, sampler.stop, nemesis.stop]
     traffic = Traffic(
         r.members,
         secret,
         seed=config.seed,
         on_accepted=lambda x: checker.report(x.t_open or x.t0, f"{x.kind} token accepted by {x.opener}", x.detail),
     ).start()
+    r.closers.append(traffic.stop)
     rotator_env = {**fleet.link_env(r.deps, links.make("rotator"), r.state), "MRTR_KEYS_KEYSTORE": r.ring}
+    ts = None
+    if config.typescript and shutil.which("node"):
+        sidecars = [m for m in r.members.values() if m.kind == "sidecar"]
+        ts = TsClients(sidecars, secret, config.ttl, r.workdir / "logs" / "ts")
+        r.closers.append(ts.stop)
+        ts.start()
     rotator = Rotator(r.ring, rotator_env, r.workdir / "logs", force_after_ttl=config.force_after_ttl).start()
+    r.closers.append(rotator.stop)
     t0 = time.time()
     nemesis.start(t0)
     next_line = t0
@@ -237,6 +257,9 @@ def _run(
     _fleet_status_agrees(status, names, ring_generation(), checker)
     time.sleep(AFTER_HEAL)
     traffic.stop()
+    if ts is not None:
+        ts.stop()
+        traffic.rounds.extend(ts.rounds())
     time.sleep(1.0)
     prober.stop()
     sampler.sample()
@@ -255,6 +278,7 @@ def _run(
     if code != 0:
         checker.report(time.time(), f"audit verify exited {code}", out)
     readiness = checker.check_readiness(prober.samples, READY_GRACE)
+    readiness.update(checker.check_fencing(prober.samples, index, fleet.HEARTBEAT))
     convergence = checker.convergence(prober.samples)
     resource_rows, breaches = resources.judge(sampler.series, warmup=config.warmup, window=config.window)
     for b in breaches:
@@ -278,7 +302,11 @@ def _run(
         probe_errors=prober.errors[:20],
     )
     if results is not None:
-        doc["results"] = str(report.write(doc, results, stamp, rounds=traffic.rounds, logs=r.workdir / "logs"))
+        doc["results"] = str(
+            report.write(
+                doc, results, stamp, rounds=traffic.rounds, probes=prober.samples.members, logs=r.workdir / "logs"
+            )
+        )
     return doc
 
 
