@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from mcp.server.mcpserver import RequestStateSecurity
 
-from mrtr_keys.backends import Codec, backend_for
+from mrtr_keys.backends import ALL_BACKEND_OPTIONS, Codec, backend_for
 from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import ConfigError, check_keywords, keywords_of
 from mrtr_keys.keystores import Keystore, as_keystore
 from mrtr_keys.replay import defer_observer, with_single_use
 
@@ -54,8 +54,10 @@ def open_codec(
         KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.
         AudienceError: `audience` outside the ring's scope.
         BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
-        ConfigError: a bad `reload_every`, `heartbeat_every`, `lease` or `instance`.
+        ConfigError: a bad `reload_every`, `heartbeat_every`, `lease` or `instance`; a keyword that neither
+            this function nor any backend takes (named with the closest one it takes).
     """
+    check_keywords(backend_options, keywords_of(open_codec) | ALL_BACKEND_OPTIONS, "open_codec()")
     from mrtr_keys.codecs.fence import check_lease
     from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval, lease_clock
 
@@ -215,17 +217,23 @@ def request_state_security(
             0 = off), and the backend's client settings.
 
     Raises:
-        ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
+        ConfigError: `ttl` not positive, or longer than the ring's TTL; a keyword that the chosen codec
+            does not take (named with the closest one); and everything `open_codec` raises.
     """
     if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
         raise ConfigError("ttl must be a positive finite number of seconds")
     if sidecar is None and keystore is None:
         sidecar = os.environ.get(ENV_SIDECAR_URL) or None
     if sidecar is not None:
-        from mrtr_keys.codecs.sidecar_client import sidecar_security
+        from mrtr_keys.codecs.sidecar_client import SidecarCodec, sidecar_security
 
+        valid = keywords_of(request_state_security, SidecarCodec.__init__) - {"url"}
+        check_keywords(options, valid, "request_state_security(sidecar=...)")
         security = sidecar_security(sidecar, audience=audience, secret=secret, ttl=float(ttl), **options)
         return with_single_use(security, single_use, single_use_for, on_store_error)
+    check_keywords(
+        options, keywords_of(request_state_security, open_codec) | ALL_BACKEND_OPTIONS, "request_state_security()"
+    )
     if "observer" not in options and audit is not False:
         from mrtr_keys.audit.observer import observer_for
 
