@@ -18,7 +18,7 @@ from mrtr_keys.errors import ConfigError, check_keywords
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 
-_MODULES = {
+_MODULES = {  # one per `mrtr_keys.ring.model.CODEC_TYPES`
     "local": "mrtr_keys.backends.local",
     "kms": "mrtr_keys.backends.kms",
     "vault-transit": "mrtr_keys.backends.vault",
