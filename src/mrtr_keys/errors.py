@@ -41,6 +41,10 @@ class KeyRingError(MrtrKeysError):
     """A key ring document is invalid: duplicate kid, no or two primaries, bad material, bad JSON."""
 
 
+class UnknownKid(MrtrKeysError):
+    """A command named a kid the key ring does not hold (``keys revoke``; exit 1)."""
+
+
 class KeystoreError(MrtrKeysError):
     """A keystore could not be read or written (missing file, unsafe mode, I/O error)."""
 
