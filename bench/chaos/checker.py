@@ -83,8 +83,10 @@ class Checker:
         ]
 
     def down(self, name: str, start: float, end: float) -> bool:
-        """True if `name` was killed or paused at some moment of [start, end] (with `DOWN_SLACK`)."""
-        return bool(self._on(name, start, end, DOWN_SLACK, ("kill", "pause")))
+        """True if `name` was killed or paused at some moment of [start, end] (with `DOWN_SLACK` and the host's
+        lateness over the stretch)."""
+        slack = DOWN_SLACK + self.lateness(start - DOWN_SLACK, end + DOWN_SLACK)
+        return bool(self._on(name, start, end, slack, ("kill", "pause")))
 
     def link_faulted(self, name: str, dependency: str, start: float, end: float, kinds: tuple[str, ...]) -> bool:
         for a in self.timeline.during(start, end):
@@ -99,7 +101,8 @@ class Checker:
         for i, r in enumerate(rounds):
             if r.forged:
                 if r.outcome == "accepted":
-                    self.report(r.t_open or r.t0, f"a {r.kind}ed token was accepted by {r.opener}", r.detail)
+                    what = "replayed" if r.kind == "replay" else "forged (mutated)"
+                    self.report(r.t_open or r.t0, f"a {what} token was accepted by {r.opener}", r.detail)
                 self.forger[f"{r.kind} {r.outcome}"] += 1
                 continue
             if r.kind == "race" and r.twin is not None and r.twin > i and r.outcome == "ok":
@@ -107,9 +110,11 @@ class Checker:
                     self.report(r.t_open or r.t0, "both copies of a raced token were served", f"{r.opener}")
             if r.outcome == "ok":
                 continue
-            if r.outcome == "failed" or (
-                r.outcome == "rejected" and "-32602" not in r.detail and "HTTP" not in r.detail
-            ):
+            if r.kind == "ts":
+                self._ts(r)
+                continue
+            refused = r.outcome == "rejected" and ("-32602" in r.detail or "HTTP" in r.detail)
+            if not refused or r.opener is None or r.token is None or r.t_open is None:
                 self._failed(r)
             else:
                 self._rejected(r, rounds, index, fp)
