@@ -267,7 +267,7 @@ class Keeper:
         configuration (``serve --workers N`` before forking) never shows up as an instance."""
         import os
 
-        from mrtr_keys.fleet.presence import Loaded, instance_name, presence_for
+        from mrtr_keys.fleet.presence import Loaded, instance_name, presence_for, why_behind
 
         core, config, watcher = self._core, self._config, self.watcher
         state: RingState = core.ring
@@ -288,7 +288,7 @@ class Keeper:
                 ring = state.ring
                 fence = core.fence
                 fenced = fence.note() if fence is not None else None  # it names the keystore error too
-                note = watcher.stuck_note() or state.refused or fenced
+                note = why_behind(watcher.stuck_note(), state.refused, fenced)
                 if note is None and state.error:
                     note = f"keystore: {state.error}"
                 if note is None and watcher.error:
