@@ -13,9 +13,10 @@ the evidence. The rules, in the order `classify_rounds`, `check_readiness` and `
 * **No round fails except on a killed or paused instance.** A failed call (refused, reset, past its
   deadline, a 5xx) must overlap a kill or pause of the instance it went to (`DOWN_SLACK` s either side).
 * **Readiness follows docs/sidecar.md.** A sidecar whose link to a store has been cut or blackholed for
-  `grace` s answers ``/readyz`` 503 naming that store in ``down``; one up and with no fault of any kind on
-  it or its links for `grace` s answers 200 with no ``reload_error``; an instance that serves fenced out
-  says so in ``/readyz`` (``fenced_out``; an MCP server in its status) and in its presence note.
+  `grace` s answers ``/readyz`` 503 naming that store in ``down``; one up for `STARTING` s and with no fault
+  of any kind on it or its links for `grace` s answers 200 with no ``reload_error``, or is back to it within
+  `grace` s; an instance that serves fenced out says so in ``/readyz`` (``fenced_out``; an MCP server in its
+  status) and in its presence note.
 * **The fleet converges.** After each heal, the time until every instance not under a fault serves the
   ring's generation is measured (p99 in the report); after the last heal it must be within 3 s.
 
@@ -166,30 +167,48 @@ class Checker:
     # ------------------------------------------------------------------ readiness
 
     def check_readiness(self, samples: Samples, grace: float) -> collections.Counter[str]:
-        """The readiness rules of the module docstring over every sidecar sample; counts of each rule checked."""
+        """The readiness rules of the module docstring over every sidecar sample; counts of each rule checked.
+
+        Not ready with no fault is a violation when it lasts longer than `grace` (+ the host's lateness): a
+        shorter spell (``not ready, no fault, under the grace``) is a starved host's, when the audit writer or
+        the shared PostgreSQL did not acknowledge for the store's 1 s (docs/audit.md), and is counted."""
         checked: collections.Counter[str] = collections.Counter()
-        for s in samples.members:
+        spell: dict[str, list[Any]] = {}
+        for s in sorted(samples.members, key=lambda x: x.at):
             member = self.members[s.name]
-            if member.kind != "sidecar" or s.status is None:
+            if member.kind != "sidecar":
                 continue
             bound = grace + self.lateness(s.at - grace, s.at)
             down = s.doc.get("down") or {}
-            for dependency, component in (("replay", "replay"), ("audit", "audit")):
-                if self._held(s.name, dependency, s.at - bound, s.at):
+            for component in ("replay", "audit"):
+                if s.status is not None and self._held(s.name, component, s.at - bound, s.at):
                     checked[f"{component} down -> 503"] += 1
                     if s.status != 503 or component not in down:
-                        self.report(
-                            s.at,
-                            f"{s.name} /readyz {s.status} while its {component} store was down {bound:.1f} s",
-                            repr(s.doc),
-                        )
+                        what = f"{s.name} /readyz {s.status} while its {component} store was down {bound:.1f} s"
+                        self.report(s.at, what, repr(s.doc))
             life = life_at(member, s.at)
-            settled = life is not None and life.started <= s.at - bound  # a process starting is not judged yet
-            if settled and not self._any_fault(s.name, s.at - bound, s.at):
-                checked["no fault -> 200"] += 1
-                if s.status != 200 or s.doc.get("reload_error"):
-                    self.report(s.at, f"{s.name} /readyz {s.status} with no fault for {bound:.1f} s", repr(s.doc))
+            settled = life is not None and life.started <= s.at - STARTING
+            if not settled or self._any_fault(s.name, s.at - bound, s.at):
+                self._end_spell(spell.pop(s.name, None), grace, checked)
+                continue
+            checked["no fault -> 200"] += 1
+            if s.status == 200 and not s.doc.get("reload_error"):
+                self._end_spell(spell.pop(s.name, None), grace, checked)
+            else:
+                spell.setdefault(s.name, []).append(s)
+        for run in spell.values():
+            self._end_spell(run, grace, checked)
         return checked
+
+    def _end_spell(self, run: list[Any] | None, grace: float, checked: collections.Counter[str]) -> None:
+        if not run:
+            return
+        first, last = run[0], run[-1]
+        if last.at - first.at <= grace + self.lateness(first.at, last.at):
+            checked["not ready, no fault, under the grace"] += 1
+            return
+        what = f"{first.name} /readyz {first.status} with no fault for {last.at - first.at:.1f} s"
+        self.report(first.at, what, f"first {first.doc!r}; last {last.doc!r}", end=last.at)
 
     def _held(self, name: str, dependency: str, start: float, end: float) -> bool:
         """A cut or blackhole of `name`'s `dependency` link lasted all of [start, end]."""
@@ -229,7 +248,7 @@ class Checker:
         self, name: str, pid: int, t: float, series: list[Any], samples: Samples, heartbeat: float, checked: Any
     ) -> None:
         says = [s for s in series if s.pid == pid and t <= s.at <= t + FENCE_LOOK and s.status is not None]
-        says = [s for s in says if self._held(name, "keystore", t, s.at)]
+        says = [s for s in says if self._held(name, "keystore", t, s.at + HELD_SLACK)]
         if says:
             checked["fenced out -> /readyz or status"] += 1
             if not any(_fenced(s.doc) for s in says):
@@ -293,6 +312,11 @@ class Checker:
 
 _ANY_LINK = ("cut", "blackhole", "slow", "flap")
 FENCE_LOOK = 2.0
+HELD_SLACK = 0.5
+"""A fault must still hold this long after a sample to count as holding at it (the heal's restore and the
+nemesis's record of it are not one instant)."""
+STARTING = 15.0
+"""Seconds after its start a process is not judged by the readiness rules (its audit writer is starting)."""
 
 
 def _fenced(doc: dict[str, Any]) -> bool:
