@@ -1,0 +1,46 @@
+"""A fixed-seed chaos run in `make test` (issue 40, docs/reliability.md): 45 s of overlapping faults, no violation.
+
+The soak's own harness (`bench.chaos.run`) on a shorter fleet: two library MCP servers and one sidecar on an
+OpenBao KV v2 ring (TTL 10 s, each retire forced once only the 60 s clock-skew allowance is left), presence and
+audit in PostgreSQL, single-use rounds in Redis, every link behind its own fault proxy, the TypeScript servers
+and client where ``node`` is on PATH. Seed 308 draws all nine kinds of the menu, fourteen faults: kills,
+pauses, cuts, a blackhole, slow and flapping links, a killed audit writer, a full state directory (where
+this process may mount a tmpfs) and two ring writes racing the rotator. A seed fixes the schedule, not the
+interleaving: the time-bounded invariants add what the host itself delayed (`tests.support.lateness`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.chaos.fleet import Deps
+from bench.chaos.report import summary
+from bench.chaos.run import Config, run
+
+from tests.fixtures.openbao import OpenBao
+
+SEED = 308
+
+
+def test_a_45_s_chaos_run_of_three_instances_breaks_no_invariant(
+    openbao: OpenBao, postgres_url: str, redis_replay_url: str, tmp_path: Path
+) -> None:
+    config = Config(
+        seconds=45,
+        seed=SEED,
+        instances=3,
+        ttl=10,
+        rate=16,
+        longest=10,
+        force_after_ttl=True,
+        spare=(),
+        resource_every=5,
+        results_dir=tmp_path / "results",
+    )
+    doc = run(config, Deps(openbao.addr, openbao.token, postgres_url, redis_replay_url), tmp_path / "chaos")
+    print("\n" + summary(doc))
+    assert doc["violations"] == [], summary(doc)
+    assert doc["faults_total"] >= 13 and {"kill", "pause", "cut", "blackhole", "flap"} <= set(doc["faults"])
+    assert doc["rounds"] >= 100 and doc["rotations"] >= 1
+    assert doc["audit"]["verify_exit"] == 0 and doc["audit"]["expected"] > 0
+    assert doc["convergence"]["last_heal"] is not None
