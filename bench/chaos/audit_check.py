@@ -158,10 +158,10 @@ def check_events(
                     f"dropped {dropped.get(pid, 0)}, {len(lost)} missing in that process",
                 )
     for events in index.by_fingerprint.values():
-        keys = collections.Counter((e.op, e.outcome, e.pid) for e in events)
-        for (op, outcome, pid), n in keys.items():
-            if n > 1 and not (op == "unseal" and outcome == "rejected"):
-                report(min(e.time for e in events), f"audit event stored {n} times: {op} {outcome}", f"pid {pid}")
+        keys = collections.Counter((e.op, e.outcome, e.pid, e.time) for e in events)  # the same event again
+        for (op, outcome, pid, at), n in keys.items():
+            if n > 1:
+                report(at, f"audit event stored {n} times: {op} {outcome}", f"pid {pid}")
         oks = [e for e in events if e.op == "unseal" and e.outcome == "ok"]
         if len(oks) > 1:
             report(oks[1].time, "a token was opened twice (single use broken, in the audit log)", repr(oks))

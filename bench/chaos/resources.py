@@ -3,7 +3,8 @@
 `Sampler` reads, every `every` seconds, each member's process and its children (the audit writer) by pid.
 `judge` looks at each process that lived past `warmup` and then for at least `window` more seconds: its RSS
 slope after the warm-up (least squares, MB a minute) must stay under `RSS_SLOPE`, and its threads and open
-files at the end (the median of its last three samples, taken once every fault is healed) within 10 % of
+files at the end (the median of its last three samples, taken once every fault is healed, the clients have
+stopped and their kept-alive connections have closed) within 10 % of
 their level at the end of the warm-up (median of the samples in the minute after it), or 2 more, whichever
 is larger (a level of 9 threads allows 11: 10 % of a small count is less than one thread).
 """

@@ -37,6 +37,9 @@ CONVERGE = 3.0
 """Seconds within which every instance serves the newest generation after the last heal."""
 AFTER_HEAL = 5.0
 READY_GRACE = 5.0
+QUIET = 10.0
+"""Seconds from the last client's end to the resources' end level: every kept-alive connection has closed
+(the sidecar's keep_alive_timeout is 8 s, uvicorn's 5 s)."""
 
 
 @dataclass
@@ -219,7 +222,7 @@ def _run(
         r.members,
         secret,
         seed=config.seed,
-        on_accepted=lambda x: checker.report(x.t_open or x.t0, f"{x.kind} token accepted by {x.opener}", x.detail),
+        on_accepted=lambda x: r.log(f"[chaos] ACCEPTED at {x.t_open or x.t0:.3f}: a {x.kind} token by {x.opener}"),
     ).start()
     r.closers.append(traffic.stop)
     rotator_env = {**fleet.link_env(r.deps, links.make("rotator"), r.state), "MRTR_KEYS_KEYSTORE": r.ring}
@@ -262,8 +265,12 @@ def _run(
         traffic.rounds.extend(ts.rounds())
     time.sleep(1.0)
     prober.stop()
-    sampler.sample()
     sampler.stop()
+    if config.seconds >= config.warmup + config.window:  # resources are judged: the end level, quiet
+        time.sleep(QUIET)
+        for _ in range(3):
+            sampler.sample()
+            time.sleep(1.0)
     for member in r.members.values():
         fleet.stop(member)
     fp = audit_check.fingerprinter(r.state)

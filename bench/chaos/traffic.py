@@ -10,11 +10,13 @@ One event loop in a background thread starts, every `pace` seconds, one flow of 
   another replica while the first still works, or a thief with a copy; at most one may be served
   (single-use across the fleet);
 * the forger, every `pace` seconds: a token whose round 2 was served, presented again on any instance
-  (``replay``), or a token with one character, its kid, its length or its prefix changed (``mutate``).
+  (``replay``; its `Round.t_sealed` is when it was first served), or a token with one character, its kid, its
+  length or its prefix changed (``mutate``).
 
 Each call ends as a `Round` (times are POSIX seconds): ``ok``, ``rejected`` (-32602 from an MCP server;
 400 ``invalid_token`` or 503 ``replay_store_unavailable`` from a sidecar), ``failed`` (anything else:
-a connection refused or reset, a deadline, a 5xx) or, for the forger, ``accepted`` (a violation at once).
+a connection refused or reset, a deadline, a 5xx) or, for the forger, ``accepted`` (`on_accepted` is told at
+once; the checker judges it at the end).
 Flows in flight are capped (`MAX_IN_FLIGHT` per kind): a turn whose kind is full starts nothing.
 """
 
@@ -88,7 +90,10 @@ class Traffic:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _in_flight: collections.Counter[str] = field(default_factory=collections.Counter)
-    _consumed: collections.deque[tuple[str, str, str]] = field(default_factory=lambda: collections.deque(maxlen=200))
+    _consumed: collections.deque[tuple[str, str, str, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=200)
+    )
+    """(kind, token, the instance that served it, when): tokens spent, for the forger."""
     skipped: int = 0
 
     def names(self, kind: str) -> list[str]:
@@ -205,7 +210,7 @@ class Traffic:
         if text.startswith("Provisioned 'orders'"):
             r.outcome = "accepted" if r.forged else "ok"
             if r.kind == "mcp" and r.token:
-                self._consumed.append(("mcp", r.token, r.opener))
+                self._consumed.append(("mcp", r.token, r.opener, time.time()))
         else:
             r.outcome, r.detail = "failed", f"unexpected answer {text[:200]!r}"
 
@@ -251,7 +256,7 @@ class Traffic:
                 return
             r.outcome = "accepted" if r.forged else "ok"
             if r.kind == "sidecar" and r.token:
-                self._consumed.append(("sidecar", r.token, r.opener))
+                self._consumed.append(("sidecar", r.token, r.opener, time.time()))
         elif answer.status_code == 400 or (answer.status_code == 503 and "replay_store_unavailable" in body):
             r.outcome, r.detail = "rejected", f"HTTP {answer.status_code} {body}"
         else:
@@ -262,14 +267,15 @@ class Traffic:
     async def _forge(self, rng: random.Random, http: httpx.AsyncClient) -> None:
         if not self._consumed:
             return
-        kind, token, opener = self._consumed[rng.randrange(len(self._consumed))]
+        spent = self._consumed[rng.randrange(len(self._consumed))]
+        kind, token, opener, when = spent
         how = "replay" if rng.random() < 0.5 else "mutate"
         if how == "replay":
-            self._consumed.remove((kind, token, opener))  # each token replayed once: one event each
+            self._consumed.remove(spent)  # each token replayed once: one event each
         else:
             token = mutate(token, rng)
         target = rng.choice(self.names(kind))
-        r = Round(how, opener, target, t0=time.time(), t_sealed=time.time(), token=token, detail=kind)
+        r = Round(how, opener, target, t0=time.time(), t_sealed=when, token=token, detail=kind)
         if kind == "mcp":
             await self._mcp_open(r)
         else:

@@ -11,12 +11,15 @@ interleaving: the time-bounded invariants add what the host itself delayed (`tes
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from bench.chaos.fleet import Deps
 from bench.chaos.report import summary
 from bench.chaos.run import Config, run
 
+from tests.fixtures.common import REPO
 from tests.fixtures.openbao import OpenBao
 
 SEED = 308
@@ -44,3 +47,17 @@ def test_a_45_s_chaos_run_of_three_instances_breaks_no_invariant(
     assert doc["rounds"] >= 100 and doc["rotations"] >= 1
     assert doc["audit"]["verify_exit"] == 0 and doc["audit"]["expected"] > 0
     assert doc["convergence"]["last_heal"] is not None
+
+
+def test_the_command_refuses_a_bad_fleet_or_schedule_in_one_line(tmp_path: Path) -> None:
+    """``python -m bench chaos`` (docs/reliability.md) checks its command line before it starts anything."""
+    bad = tmp_path / "schedule.json"
+    bad.write_text('{"seed": 1}')
+    for args, says in (
+        (["--instances", "2"], "--instances must be 3 or more"),
+        (["--replay", str(bad)], "not a chaos schedule"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench", "chaos", *args], cwd=REPO, capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

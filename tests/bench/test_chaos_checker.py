@@ -102,3 +102,14 @@ def test_the_losing_copy_of_a_race_is_rejected_by_design() -> None:
     checker.classify_rounds([won, lost], _index("replayed"), _fp)
     assert checker.violations == []
     assert checker.rejections == {"single-use replay (the other copy of a race won)": 1}
+
+
+def test_a_raw_sidecar_token_replayed_after_its_record_expired_is_counted_apart_not_before() -> None:
+    """docs/single-use.md: a payload without ``exp`` is single-use for the ring's TTL + 60 s after its first use."""
+    late = _round("accepted", "sidecar", kind="replay", t_sealed=T - 95, t_open=T)
+    early = _round("accepted", "sidecar", kind="replay", t_sealed=T - 30, t_open=T)
+    enveloped = _round("accepted", "mcp", kind="replay", t_sealed=T - 95, t_open=T)
+    checker = _checker()
+    checker.classify_rounds([late, early, enveloped], _index(None), _fp)
+    assert [v.what for v in checker.violations] == ["a replayed token was accepted by mcp-2"] * 2
+    assert checker.forger == {"replay accepted, no exp and its record expired (by design)": 1, "replay accepted": 2}
