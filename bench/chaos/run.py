@@ -6,7 +6,7 @@ Redis) are the caller's (`bench.chaos.cli` starts its own, the e2e test passes i
 The end of a run, in order: the rotator stops (a step waiting on its gates writes nothing), the nemesis stops
 and heals everything (resumes, restarts, restores every link, frees the disk); then every instance must
 serve the ring's generation within 3 s (plus the host's lateness) and ``fleet status`` must agree; the
-clients go on for `AFTER_HEAL` s, then stop; each instance's last probe gives its audit sink's ``dropped``;
+clients go on for `Config.after_heal` s, then stop; each instance's last probe gives its audit sink's ``dropped``;
 every instance is stopped cleanly (its sink flushes); the audit log is read and verified.
 """
 
@@ -35,7 +35,6 @@ from bench.chaos.typescript import TsClients
 
 CONVERGE = 3.0
 """Seconds within which every instance serves the newest generation after the last heal."""
-AFTER_HEAL = 5.0
 READY_GRACE = 5.0
 QUIET = 10.0
 """Seconds from the last client's end to the resources' end level: every kept-alive connection has closed
@@ -60,6 +59,8 @@ class Config:
     replay: Schedule | None = None
     results_dir: Path | None = None
     quiet: bool = False
+    after_heal: float = 5.0
+    """Seconds the clients go on after the last heal (every round then must be served)."""
     typescript: bool = True
     """Also run the TypeScript servers and client (`bench.chaos.typescript`) when ``node`` is on PATH."""
 
@@ -77,6 +78,8 @@ class Run:
     ring: str = ""
     state: Path = Path()
     members: dict[str, Member] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds each part of the run took: setup, faults, ending, checks."""
     closers: list[Any] = field(default_factory=list)
     """Every started component's stop (idempotent), run in reverse at the end even after an error."""
     races: int = 0
@@ -158,6 +161,7 @@ def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
     offset = time.time() - time.monotonic()
     names = config.names()
     schedule = _schedule(config, names)
+    began = time.time()
     try:
         init = run_cli("init", "--ttl", f"{config.ttl:g}", "--audience", AUDIENCE, env=r.env())
         assert init.code == 0, init.err
@@ -169,8 +173,16 @@ def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
         for name in names:
             make = fleet.mcp_member if name.startswith("mcp-") else fleet.sidecar_member
             r.members[name] = make(name, r.ring, deps, links.make(name), r.state, logs, ttl=config.ttl)
-        for member in r.members.values():
-            fleet.start(member)
+        threads = [threading.Thread(target=fleet.start, args=(m,)) for m in r.members.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        if any(not m.ready() for m in r.members.values()):
+            raise RuntimeError(
+                "the fleet did not start: " + ", ".join(m.name for m in r.members.values() if not m.ready())
+            )
+        r.timings["setup"] = round(time.time() - began, 1)
         return _run(r, schedule, links, relay, offset, secret, disk)
     finally:
         for close in reversed(r.closers):
@@ -245,6 +257,7 @@ def _run(
                 f"[chaos] {time.time() - t0:6.0f} s: {len(nemesis.timeline.applied)} faults, "
                 f"{traffic.summary()}, rotations {rotator.retires}, violations {len(checker.violations)}"
             )
+    r.timings["faults"] = round(time.time() - t0, 1)
     rotator.stop()
     healed = nemesis.heal_all()
     names = sorted(r.members)
@@ -258,7 +271,7 @@ def _run(
         )
     status = run_cli("fleet", "status", "--json", env=r.env())
     _fleet_status_agrees(status, names, ring_generation(), checker)
-    time.sleep(AFTER_HEAL)
+    time.sleep(config.after_heal)
     traffic.stop()
     if ts is not None:
         ts.stop()
@@ -273,6 +286,7 @@ def _run(
             time.sleep(1.0)
     for member in r.members.values():
         fleet.stop(member)
+    r.timings["ending"] = round(time.time() - t0 - r.timings["faults"], 1)
     fp = audit_check.fingerprinter(r.state)
     index = audit_check.load_index(r.deps.pg_url)
     checker.classify_rounds(traffic.rounds, index, fp)
@@ -292,6 +306,7 @@ def _run(
         checker.report(time.time(), "resource growth after the warm-up", b)
     for step in rotator.failures:
         checker.report(step.began, f"rotate exited {step.code}", step.message, end=step.ended)
+    r.timings["checks"] = round(time.time() - t0 - r.timings["faults"] - r.timings["ending"], 1)
     doc = report.build(
         config=config,
         schedule=schedule,
@@ -308,6 +323,7 @@ def _run(
         lateness=relay.overrun,
         probe_errors=prober.errors[:20],
     )
+    doc["timings"] = r.timings
     if results is not None:
         doc["results"] = str(
             report.write(

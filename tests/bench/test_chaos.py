@@ -38,6 +38,7 @@ def test_a_45_s_chaos_run_of_three_instances_breaks_no_invariant(
         force_after_ttl=True,
         spare=(),
         resource_every=5,
+        after_heal=2,
         results_dir=tmp_path / "results",
     )
     doc = run(config, Deps(openbao.addr, openbao.token, postgres_url, redis_replay_url), tmp_path / "chaos")
