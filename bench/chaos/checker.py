@@ -70,6 +70,8 @@ class Checker:
     rejections: collections.Counter[str] = field(default_factory=collections.Counter)
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
     forger: collections.Counter[str] = field(default_factory=collections.Counter)
+    spent_again: list[Round] = field(default_factory=list)
+    """Raw sidecar tokens served again after their single-use record expired (by design, `_forged`)."""
 
     def report(self, at: float, what: str, evidence: str = "", end: float | None = None) -> None:
         v = Violation(at, what, self.timeline.labels(at, end, slack=1.0), evidence)
@@ -128,6 +130,7 @@ class Checker:
             late = r.t_sealed is not None and (r.t_open or r.t0) - r.t_sealed > self.ttl + SKEW - DOWN_SLACK
             if r.kind == "replay" and r.detail == "sidecar" and late:
                 outcome = "accepted, no exp and its record expired (by design)"
+                self.spent_again.append(r)
             else:
                 what = "replayed" if r.kind == "replay" else "forged (mutated)"
                 self.report(r.t_open or r.t0, f"a {what} token was accepted by {r.opener}", r.detail)

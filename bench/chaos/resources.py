@@ -33,6 +33,42 @@ class Series:
     pid: int
     points: list[tuple[float, float, int, int]] = field(default_factory=list)
     """(time, RSS MB, threads, open files)."""
+    files: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    """(time, `fd_kinds`) at every sample: what the open files were."""
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """What `pid`'s open files are, counted: ``pipe``, ``socket -> :PORT`` (a TCP socket by its remote port, or
+    ``socket listening :PORT``), ``socket`` (another kind), a path, ``anon_inode:...``."""
+    peers: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            local, remote, inode = cols[1], cols[2], cols[9]
+            port = int(remote.rsplit(":", 1)[1], 16)
+            peers[inode] = f"socket -> :{port}" if port else f"socket listening :{int(local.rsplit(':', 1)[1], 16)}"
+    out: dict[str, int] = {}
+    try:
+        names = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return out
+    for fd in names:
+        try:
+            target = str(fd.readlink())
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            label = peers.get(target[8:-1], "socket")
+        elif target.startswith("pipe:"):
+            label = "pipe"
+        else:
+            label = target
+        out[label] = out.get(label, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def read_proc(pid: int) -> tuple[float, int, int] | None:
@@ -77,7 +113,9 @@ class Sampler:
             for p, label in [(pid, member.name), *((c, f"{member.name} writer") for c in children(pid))]:
                 got = read_proc(p)
                 if got is not None:
-                    self.series.setdefault(p, Series(label, p)).points.append((now, *got))
+                    series = self.series.setdefault(p, Series(label, p))
+                    series.points.append((now, *got))
+                    series.files.append((now, fd_kinds(p)))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -121,7 +159,13 @@ def judge(series: dict[int, Series], *, warmup: float, window: float) -> tuple[l
             row[what] = [level, end]
             allowed = max(math.ceil(level * (1 + LEVEL_GROWTH)), level + LEVEL_SLACK)
             if end > allowed:
-                breaches.append(f"{s.name} (pid {s.pid}): {what} {level:g} after the warm-up, {end:g} at the end")
+                files = ""
+                if what == "open_files":
+                    then = next((kinds for t, kinds in s.files if t >= first[0][0]), {})
+                    files = f" (then {then}, at the end {s.files[-1][1] if s.files else {}})"
+                breaches.append(
+                    f"{s.name} (pid {s.pid}): {what} {level:g} after the warm-up, {end:g} at the end{files}"
+                )
         if rss_slope >= RSS_SLOPE:
             breaches.append(f"{s.name} (pid {s.pid}): RSS grows {rss_slope:.2f} MB a minute after the warm-up")
         rows.append(row)

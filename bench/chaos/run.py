@@ -292,9 +292,8 @@ def _run(
     checker.classify_rounds(traffic.rounds, index, fp)
     expected = audit_check.expected_events(traffic.rounds, r.members, fp)
     dropped = audit_check.last_dropped(prober.samples.members)
-    audit_counts = audit_check.check_events(
-        index, expected, dropped, nemesis.timeline, lambda at, what, ev: checker.report(at, what, ev)
-    )
+    spent_again = {fp(x.token) for x in checker.spent_again if x.token}
+    audit_counts = audit_check.check_events(index, expected, dropped, nemesis.timeline, checker.report, spent_again)
     code, out = audit_check.verify(r.env(), run_cli)
     if code != 0:
         checker.report(time.time(), f"audit verify exited {code}", out)

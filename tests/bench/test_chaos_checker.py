@@ -42,7 +42,7 @@ def _round(outcome: str, detail: str = "", **kw: object) -> Round:
 def _index(reason: str | None, pid: int = 102) -> AuditIndex:
     index = AuditIndex()
     if reason is not None:
-        index.by_fingerprint["fp-tok"] = [Event(T + 0.5, pid, "unseal", "rejected", reason, "k1")]
+        index.by_fingerprint["fp-tok"] = [Event("fp-tok", T + 0.5, pid, "unseal", "rejected", reason, "k1")]
     return index
 
 
