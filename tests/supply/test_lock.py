@@ -15,26 +15,12 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.supply.pins import REPO, locked_pins
+
 FILES = ("pyproject.toml", "README.md", "uv.lock", "Dockerfile", "requirements", "tools/lock.py")
 HINT = "run 'make lock' and commit what it changes"
-
-
-def locked_pins(path: Path) -> dict[str, str]:
-    """name -> version of every requirement of an exported file whose marker holds on this interpreter."""
-    pins: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if not line or line[0] in " #":
-            continue
-        req = Requirement(line.rstrip(" \\"))
-        if req.marker is None or req.marker.evaluate():
-            (spec,) = req.specifier
-            assert spec.operator == "==", line
-            pins[canonicalize_name(req.name)] = spec.version
-    return pins
 
 
 def test_the_venv_holds_exactly_the_locked_set() -> None:
