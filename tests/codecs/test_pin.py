@@ -11,6 +11,9 @@ ring stays and ``reload_refused`` says why). The sidecar's side is tests/service
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,12 +24,12 @@ from mrtr_keys.changes.create import create_ring
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.errors import ConfigError
-from mrtr_keys.example.__main__ import main as example_main
 from mrtr_keys.factory import open_codec
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.model import CodecSpec
 from tests.fixtures.keyrings import fresh_ring, swap_for_a_local_ring
 from tests.fixtures.moto_kms import KMSEnv
+from tests.support import zygote
 
 AUD = "svc"
 ARN = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -65,13 +68,17 @@ def test_a_pinned_instance_refuses_a_local_ring_at_start(
     assert "\n" not in str(info.value)
 
 
-def test_the_example_server_exits_2_with_one_line(
-    keystore_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("MRTR_KEYS_KMS_KEY_ID", ARN)
-    assert example_main(["--keystore", str(keystore_path), "--audience", AUD, "--port", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is a 'local' ring, but MRTR_KEYS_KMS_KEY_ID lets this process load" in err
+def test_the_example_server_exits_2_with_one_line(keystore_path: Path, tmp_path: Path) -> None:
+    """In its own process (the example server hardens the process it runs in)."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    argv = [sys.executable, "-m", "mrtr_keys.example", "--keystore", str(keystore_path), "--port", "1"]
+    env = {**os.environ, "MRTR_KEYS_KMS_KEY_ID": ARN}
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = zygote.popen(argv, stdout=o, stderr=e, env=env) or subprocess.Popen(argv, stdout=o, stderr=e, env=env)
+    assert proc.wait(60) == 2
+    # runpy's warning that the zygote had imported the module already is the zygote's, not the server's
+    lines = [line for line in err.read_text().splitlines() if not line.startswith("<frozen runpy>")]
+    assert len(lines) == 1 and "is a 'local' ring, but MRTR_KEYS_KMS_KEY_ID lets this process load" in lines[0]
 
 
 def test_an_expected_codec_admits_its_own_rings(keystore_path: Path) -> None:

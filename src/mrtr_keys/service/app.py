@@ -299,6 +299,9 @@ def app_from_env() -> SidecarApp:
     configure_logging(level=logging.INFO)  # the format the parent chose (MRTR_KEYS_LOG_FORMAT)
     raw = os.environ.get(ENV_CONFIG)
     config = ServiceConfig.from_json(json.loads(raw)) if raw else ServiceConfig()
+    from mrtr_keys.hardening import harden_process
+
+    harden_process(allow_core_dumps=config.allow_core_dumps)  # this process will hold the ring's keys
     app = create_app(config)
     tune_gc()
     return app

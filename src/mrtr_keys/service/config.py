@@ -36,6 +36,7 @@ over the file, the file wins over the defaults::
     on_replay_store_error = "deny"            # "allow": serve unseals unrecorded while the store fails
     expect_codec = "kms"                      # refuse rings of another codec (else --expect-codec /
                                               # MRTR_KEYS_EXPECT_CODEC; MRTR_KEYS_KMS_KEY_ID implies kms)
+    allow_core_dumps = false                  # true: stay dumpable (debugging; else --allow-core-dumps)
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class ServiceConfig:
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
     None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
+    allow_core_dumps: bool = False
+    """Leave the sidecar, its workers and its children dumpable, with core dumps as the system sets them
+    (`mrtr_keys.hardening`); by default they are not dumpable and write no core file."""
     expect_codec: str | None = None
     """The only codec type whose rings are loaded (`mrtr_keys.codecs.pin`); None: ``MRTR_KEYS_EXPECT_CODEC``,
     else any (``MRTR_KEYS_KMS_KEY_ID`` pins ``kms`` and the KMS key)."""
@@ -181,6 +185,8 @@ class ServiceConfig:
             raise ConfigError("audit_retention_interval must be a number of seconds from 0.05 to 604800")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
+        if not isinstance(self.allow_core_dumps, bool):
+            raise ConfigError("allow_core_dumps must be true or false")
         if self.http not in HTTP_CHOICES:
             raise ConfigError(f"http must be one of {', '.join(HTTP_CHOICES)}")
         _int_in("max_header_bytes", self.max_header_bytes, 1024, 1024 * 1024)
