@@ -151,7 +151,10 @@ def _core(
         audit = _load_audit(config)
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)
         audit = sidecar_audit(store.directory, audit=config.audit, strict=config.strict_audit)
-    ring = RingState(store, backend_options=backend_options)
+    options = dict(backend_options or {})
+    if config.kek_check_every is not None:
+        options.setdefault("kek_check_every", config.kek_check_every)
+    ring = RingState(store, backend_options=options)
     auth = ClientAuth(registry_path(store.directory, config.clients))
     ring.prepare(auth.registry.audiences())
     return SidecarCore(ring, auth, config, audit=audit)
