@@ -182,7 +182,6 @@ def make_backend(
     client: VaultClient | None = None,
     settings: VaultSettings | None = None,
     kek_check_every: float | None = None,
-    **_: Any,
 ) -> VaultTransitBackend:
     """The backend for a ``vault-transit`` ring (see `mrtr_keys.backends.backend_for`)."""
     return VaultTransitBackend(spec, client=client, settings=settings, kek_check_every=kek_check_every)

@@ -197,6 +197,10 @@ class Key:
         return out
 
 
+CODEC_TYPES = frozenset({"local", "kms", "vault-transit"})
+"""The codec types a ring may record (each has its backend, `mrtr_keys.backends`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CodecSpec:
     """Which codec a ring is for (``local``, ``kms``, ``vault-transit``) and its non-secret settings."""
