@@ -42,9 +42,12 @@ lock: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m mrtr_keys.run
 
+# the lock agrees with pyproject.toml, the layer rule, the threat model's test ids (each one docs/security.md
+# names is collected and not skipped), ruff and mypy
 lint: $(STAMP)
 	@$(BIN)/python tools/lock.py check
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_architecture.py
+	$(BIN)/python -m tests.docs.security_ids
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
