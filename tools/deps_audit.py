@@ -9,13 +9,13 @@
 A finding fails (exit 1) unless osv-scanner.toml holds a reviewed exception for its id or one of its aliases
 (osv-scanner's format: ``[[IgnoredVulns]]`` with ``id``, ``ignoreUntil`` and ``reason``; here reason and
 ignoreUntil are required). An exception past its ignoreUntil fails too, found or not, until someone reviews it
-again. A vulnerability service that cannot be reached (refused, unresolvable, silent past ``--timeout``, or
-answering an error) is one line, ``not scanned``, and does not fail: CI must not turn red because a registry is
-down, so a run that scanned says so with its package count.
+again. A vulnerability service that cannot be reached (refused, unresolvable, silent past ``--timeout``, too
+slow to finish within ``--deadline``, or answering an error) is one line, ``not scanned``, and does not fail: CI
+must not turn red because a registry is down, so a run that scanned says so with its package count.
 
 ``python tools/deps_audit.py [--requirements FILE] [--npm-dir DIR] [--ignore FILE] [--osv-url URL]
-[--npm-registry URL] [--timeout SECONDS] [--today YYYY-MM-DD]``: exit 0 clean (or not scanned), 1 a finding, an
-expired exception or a tool's failure, 2 a bad exception file.
+[--npm-registry URL] [--timeout SECONDS] [--deadline SECONDS] [--today YYYY-MM-DD]``: exit 0 clean (or not
+scanned), 1 a finding, an expired exception or a tool's failure, 2 a bad exception file.
 """
 
 from __future__ import annotations
@@ -119,22 +119,24 @@ def _last_line(text: str, pattern: re.Pattern[str] | None = None) -> str:
     return next((_short(x, 160) for x in reversed(lines) if pattern is None or pattern.search(x)), "")
 
 
-def audit_python(requirements: Path, osv_url: str, timeout: int, report: Report) -> bool:
-    """pip-audit over `requirements`; False if the service was not reached (one line in the report)."""
+def audit_python(requirements: Path, osv_url: str, timeout: int, deadline: float, report: Report) -> bool:
+    """pip-audit over `requirements` (`timeout` seconds for each answer, `deadline` for all of them); False if the
+    service was not reached or not done in time (one line in the report)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "audit.json"
         argv = [sys.executable, "-m", "pip_audit", "--requirement", str(requirements), "--require-hashes"]
         argv += ["--disable-pip", "--vulnerability-service", "osv", "--osv-url", osv_url, "--timeout", str(timeout)]
         argv += ["--progress-spinner", "off", "--aliases", "on", "--format", "json", "--output", str(out)]
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=deadline)
+        except subprocess.TimeoutExpired:
+            return _not_scanned(report, "python", f"{osv_url} did not answer for every package within {deadline:g} s")
         result = json.loads(out.read_text()) if out.exists() and out.stat().st_size else None
     if result is None:
         why = _last_line(done.stderr, PY_UNREACHABLE)
         if not why:
             raise RuntimeError(f"pip-audit failed (exit {done.returncode}): {_last_line(done.stderr)}")
-        report.lines.append(f"deps-audit: python: not scanned: {osv_url} cannot be reached ({why})")
-        report.not_scanned.append("python")
-        return False
+        return _not_scanned(report, "python", f"{osv_url} cannot be reached ({why})")
     deps = result["dependencies"]
     for dep in deps:
         for vuln in dep.get("vulns", []):
@@ -149,17 +151,19 @@ def audit_python(requirements: Path, osv_url: str, timeout: int, report: Report)
     return True
 
 
-def audit_npm(package_dir: Path, registry: str | None, timeout: int, report: Report) -> bool:
+def audit_npm(package_dir: Path, registry: str | None, timeout: int, deadline: float, report: Report) -> bool:
     """``npm audit --omit=dev`` in `package_dir`; False if the registry was not reached (one line)."""
     npm = shutil.which("npm")
     if npm is None:
-        report.lines.append("deps-audit: npm: not scanned: npm is not on PATH")
-        report.not_scanned.append("npm")
-        return False
+        return _not_scanned(report, "npm", "npm is not on PATH")
     argv = [npm, "audit", "--omit=dev", "--json", f"--fetch-timeout={timeout * 1000}", "--fetch-retries=0"]
     if registry:
         argv.append(f"--registry={registry}")
-    done = subprocess.run(argv, cwd=package_dir, capture_output=True, text=True, check=False, timeout=timeout * 6 + 30)
+    shown = registry or "the npm registry"
+    try:
+        done = subprocess.run(argv, cwd=package_dir, capture_output=True, text=True, check=False, timeout=deadline)
+    except subprocess.TimeoutExpired:
+        return _not_scanned(report, "npm", f"{shown} did not answer within {deadline:g} s")
     try:
         result: dict[str, Any] = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -170,11 +174,7 @@ def audit_npm(package_dir: Path, registry: str | None, timeout: int, report: Rep
         text = _short(" ".join(str(x) for x in (result.get("message") or error.get("summary"), code) if x), 160)
         if not NPM_UNREACHABLE.search(text) and "statusCode" not in result:  # neither the network nor an HTTP error
             raise RuntimeError(f"npm audit failed (exit {done.returncode}): {text or _last_line(done.stderr)}")
-        report.lines.append(
-            f"deps-audit: npm: not scanned: {registry or 'the npm registry'} cannot be reached ({text})"
-        )
-        report.not_scanned.append("npm")
-        return False
+        return _not_scanned(report, "npm", f"{shown} cannot be reached ({text})")
     for name, vuln in result.get("vulnerabilities", {}).items():
         for via in vuln.get("via", []):
             if not isinstance(via, dict):  # a package vulnerable only through another one: listed under that one
@@ -193,6 +193,12 @@ def audit_npm(package_dir: Path, registry: str | None, timeout: int, report: Rep
         f" (npm audit --omit=dev, {registry or 'the npm registry'})"
     )
     return True
+
+
+def _not_scanned(report: Report, ecosystem: str, why: str) -> bool:
+    report.lines.append(f"deps-audit: {ecosystem}: not scanned: {why}")
+    report.not_scanned.append(ecosystem)
+    return False
 
 
 def _shown(path: Path) -> str:
@@ -244,7 +250,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ignore", type=Path, default=REPO / "osv-scanner.toml")
     parser.add_argument("--osv-url", default=OSV_URL)
     parser.add_argument("--npm-registry", default=None)
-    parser.add_argument("--timeout", type=int, default=15, help="seconds each service has to answer")
+    parser.add_argument("--timeout", type=int, default=15, help="seconds each service has to answer a request")
+    parser.add_argument("--deadline", type=float, default=300, help="seconds each audit (all its requests) may take")
     parser.add_argument("--today", type=dt.date.fromisoformat, default=dt.datetime.now(dt.UTC).date())
     args = parser.parse_args(argv)
     try:
@@ -254,9 +261,9 @@ def main(argv: list[str]) -> int:
         return 2
     report = Report()
     try:
-        audit_python(args.requirements, args.osv_url, args.timeout, report)
-        audit_npm(args.npm_dir, args.npm_registry, args.timeout, report)
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        audit_python(args.requirements, args.osv_url, args.timeout, args.deadline, report)
+        audit_npm(args.npm_dir, args.npm_registry, args.timeout, args.deadline, report)
+    except RuntimeError as exc:
         print("\n".join(report.lines), flush=True)
         print(f"deps-audit: {exc}", file=sys.stderr)
         return 1

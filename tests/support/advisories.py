@@ -7,8 +7,9 @@ It answers the two APIs the audit's real clients call, with the advisories a tes
 * the npm registry's ``POST /-/npm/v1/security/advisories/bulk`` (what ``npm audit`` sends to ``--registry``):
   ``{name: [versions]}``, gzip or not -> ``{name: [advisories]}``.
 
-Every query is recorded (`asked`), so a test sees that each locked package was checked. `Silent` is the other
-kind of outage: a port that accepts connections and never answers.
+Every query is recorded (`asked`), so a test sees that each locked package was checked; `delay` makes each answer
+late (a slow service). `silent_port` is the other kind of outage: a port that accepts connections and never
+answers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import gzip
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,15 +64,19 @@ class AdvisoryServer:
         self.osv: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (PyPI name, version) -> OSV records
         self.npm: dict[str, list[dict[str, Any]]] = {}  # package name -> advisories (all versions)
         self.asked: list[tuple[str, str]] = []
+        self.delay = 0.0  # seconds before each answer: a slow service
         self._lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: pip-audit asks one package a request, on one session
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 query = json.loads(body or b"{}")
+                time.sleep(server.delay)
                 if self.path == "/v1/query":
                     answer = server._osv(query)
                 elif self.path == "/-/npm/v1/security/advisories/bulk":
