@@ -310,9 +310,16 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
         stuck = watcher.stuck_note() if watcher is not None else None
         fence = getattr(target, "fence", None)
         fenced = fence.note() if fence is not None else None
-        note = why_behind(stuck, f"refused a ring: {refused}" if refused else None, fenced)
+        kek = getattr(target, "kek", None)
+        closed = kek.note() if kek is not None else None
+        if closed and kek is not None and kek.closed:  # failing closed says more than anything else
+            note: str | None = closed
+        else:
+            note = why_behind(stuck, f"refused a ring: {refused}" if refused else None, fenced)
         if note is None:
             note = "reload off" if watcher is None else (f"keystore: {watcher.error}" if watcher.error else None)
+        if note is None:
+            note = closed  # the wrapping key could not be checked (an outage), or None
         return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 
     return view

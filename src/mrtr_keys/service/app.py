@@ -149,7 +149,10 @@ def _core(
     else:
         store = keystore
     pin = RingPin.from_settings(config.expect_codec, (backend_options or {}).get("kms_key_id"))
-    ring = RingState(store, backend_options=backend_options, pin=pin)  # a refused ring starts no audit writer
+    options = dict(backend_options or {})
+    if config.kek_check_every is not None:
+        options.setdefault("kek_check_every", config.kek_check_every)
+    ring = RingState(store, backend_options=options, pin=pin)  # a refused ring starts no audit writer
     if audit is None and config.audit_factory:
         audit = _load_audit(config)
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)
@@ -301,7 +304,7 @@ def app_from_env() -> SidecarApp:
     config = ServiceConfig.from_json(json.loads(raw)) if raw else ServiceConfig()
     from mrtr_keys.hardening import harden_process
 
-    harden_process(allow_core_dumps=config.allow_core_dumps)  # this process will hold the ring's keys
+    harden_process(allow_core_dumps=config.allow_core_dumps or None)  # this process will hold the ring's keys
     app = create_app(config)
     tune_gc()
     return app
