@@ -262,15 +262,16 @@ def test_inspect_without_decrypting(keystore: FileKeystore) -> None:
     as_json, table = parallel(("inspect", token, "--json"), ("inspect", token), keystore=keystore.path)
     info = ok(as_json).json()
     assert info == {
-        "format": "mk1",
+        "format": "mk2",
         "kid": keystore.load().primary.kid,
         "state": "primary",
+        "key_format": "mk2",
         "token_chars": len(token),
         "nonce_bytes": 12,
         "ciphertext_bytes": 300,
         "tag_bytes": 16,
     }
-    assert "mk1" in ok(table).out and info["kid"] in table.out
+    assert "mk2" in ok(table).out and info["kid"] in table.out
 
 
 def test_inspect_names_the_state_of_a_retired_kid(keystore: FileKeystore) -> None:

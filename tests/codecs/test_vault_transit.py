@@ -61,7 +61,7 @@ def test_payloads_round_trip_exactly(
     """Bytes fb ef ff (not UTF-8) and an empty payload round-trip exactly in both modes."""
     codec = VaultTransitCodec(make_ring(tmp_path, transit_key, mode), audience="billing")
     token = codec.seal(payload)
-    assert token.startswith(TOKEN_PREFIX if mode == "remote" else "mk1.")
+    assert token.startswith(TOKEN_PREFIX if mode == "remote" else "mk2.")
     assert codec.unseal(token) == payload
 
 

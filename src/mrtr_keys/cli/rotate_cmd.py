@@ -7,11 +7,11 @@ countdown); exit 0 when the step is done, 75 only when the wait runs out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.cli.options import JsonOpt, KeyFormatOpt, KeystoreOpt, keystore
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.ring.document import parse_ring
 
@@ -94,10 +94,12 @@ def _step(
     window: float | None = None,
     wait: str | None = None,
     if_older_than: str | None = None,
+    key_format: str | None = None,
 ) -> None:
     from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.changes.rotation import run_step
     from mrtr_keys.cli.options import change_listeners, root_audit
+    from mrtr_keys.fleet.compat_gate import readers_check_for
     from mrtr_keys.fleet.gates import rotation_gate_for
 
     seconds = None if wait is None else parse_duration(wait, "--wait")
@@ -111,23 +113,23 @@ def _step(
             _print(skip, json_)
             return
     gate = rotation_gate_for(store, audit=root_audit(), window=window)  # the audit store's gates; None without one
+    check = readers_check_for(store, audit=root_audit(), alternative="make an mk1 key: --key-format mk1")
+    options: dict[str, Any] = {
+        "force": force,
+        "ttl": ttl,
+        "gate": gate,
+        "listeners": change_listeners(),
+        "check": check,
+        "key_format": key_format,
+    }
     if seconds is None:
-        result = run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners())
+        result = run_step(store, step, **options)
     else:
         from mrtr_keys.changes.wait import run_step_waiting
         from mrtr_keys.cli.progress import WaitProgress
 
         with WaitProgress(store, window=window) as progress:
-            result = run_step_waiting(
-                store,
-                step,
-                wait=seconds,
-                on_wait=progress.update,
-                force=force,
-                ttl=ttl,
-                gate=gate,
-                listeners=change_listeners(),
-            )
+            result = run_step_waiting(store, step, wait=seconds, on_wait=progress.update, **options)
     _print(result, json_)
 
 
@@ -138,9 +140,12 @@ def _print(result: ChangeResult, json_: bool) -> None:
 
 
 @app.command("begin")
-def begin(keystore_: KeystoreOpt = None, ttl: TtlOpt = None, json_: JsonOpt = False) -> None:
-    """Phase 1: add a new key that verifies; the old one still seals."""
-    _step("begin", keystore_, json_, ttl=ttl)
+def begin(
+    keystore_: KeystoreOpt = None, ttl: TtlOpt = None, key_format: KeyFormatOpt = None, json_: JsonOpt = False
+) -> None:
+    """Phase 1: add a new key that verifies; the old one still seals. A new key of a format some live instance
+    cannot read (mk2 before 0.2.0) is refused with exit 75, naming them."""
+    _step("begin", keystore_, json_, ttl=ttl, key_format=key_format)
 
 
 @app.command("promote")
@@ -183,10 +188,21 @@ def next_(
             "while it is younger, do nothing and exit 0.",
         ),
     ] = None,
+    key_format: KeyFormatOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run the next phase if allowed now (with --wait: once allowed); else exit 75 saying what it waits for."""
-    _step("next", keystore_, json_, force=force, ttl=ttl, window=window, wait=wait, if_older_than=if_older_than)
+    _step(
+        "next",
+        keystore_,
+        json_,
+        force=force,
+        ttl=ttl,
+        window=window,
+        wait=wait,
+        if_older_than=if_older_than,
+        key_format=key_format,
+    )
 
 
 @app.command("abort")

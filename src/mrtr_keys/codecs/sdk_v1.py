@@ -25,7 +25,14 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES, NONCE_BYTES, TAG_BYTES, AESGCMTokenCore, rejected
+from mrtr_keys.codecs.aesgcm import (
+    MAX_PAYLOAD_BYTES,
+    MK2_PREFIX,
+    NONCE_BYTES,
+    TAG_BYTES,
+    AESGCMTokenCore,
+    rejected,
+)
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as MK1_PREFIX
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import KeyRingError, MrtrKeysError
@@ -167,8 +174,12 @@ class SDKTokenCore:
         rejected(self._observer, kid, token, reason)
 
 
+_MK_PREFIXES = (MK1_PREFIX, MK2_PREFIX)
+
+
 class FormatDispatch:
-    """A ring holding both formats: seal in the primary's, open each token by its prefix."""
+    """A ring holding SDK keys and ours: seal in the primary's format, open each token by its prefix
+    (``v1.`` by `SDKTokenCore`, ``mk1.`` and ``mk2.`` by `AESGCMTokenCore`)."""
 
     __slots__ = ("_mk1", "_sdk", "seal")
 
@@ -181,28 +192,32 @@ class FormatDispatch:
 
     def unseal(self, token: str) -> bytes:
         """See `SDKTokenCore.unseal` and `AESGCMTokenCore.unseal`; every failure is `InvalidRequestState`."""
-        if type(token) is str and token.startswith(MK1_PREFIX):
+        if type(token) is str and token.startswith(_MK_PREFIXES):
             if self._mk1 is not None:
                 return self._mk1.unseal(token)
-            self._sdk.refuse(self._sdk.kid_of(token, MK1_PREFIX), token)
+            self._sdk.refuse(self._sdk.kid_of(token, token[: len(MK1_PREFIX)]), token)
         return self._sdk.unseal(token)
 
 
 def build_core(
     ring: KeyRing, keys: Mapping[str, bytes], *, audience: str, observer: CodecObserver | None = None
 ) -> AESGCMTokenCore | FormatDispatch:
-    """The token core for `ring`: `AESGCMTokenCore` over `keys` (kid -> 32-byte ring key) when no key is an
-    SDK key, else a `FormatDispatch` over both formats (also once the SDK keys are retired, so a ``v1.``
-    token is then refused as ``retired kid``, not ``malformed``).
+    """The token core for `ring`: `AESGCMTokenCore` over `keys` (kid -> 32-byte ring key, each in the format
+    the ring records for it, ``mk1`` or ``mk2``) when no key is an SDK key, else a `FormatDispatch` over both
+    kinds (also once the SDK keys are retired, so a ``v1.`` token is then refused as ``retired kid``, not
+    ``malformed``).
 
     Raises:
         ValueError: a ring key is not 32 bytes. KeyRingError: an SDK key's kid is not its own.
     """
     retired = frozenset(k.kid for k in ring.keys if k.state is KeyState.RETIRED)
     primary = ring.primary
+    formats = {k.kid: k.format.value for k in ring.keys if k.format is not KeyFormat.SDK_V1}
     sdk = {k.kid: k.material for k in ring.usable_keys() if k.format is KeyFormat.SDK_V1 and k.material is not None}
     if not any(k.format is KeyFormat.SDK_V1 for k in ring.keys):
-        return AESGCMTokenCore(keys, primary_kid=primary.kid, audience=audience, retired=retired, observer=observer)
+        return AESGCMTokenCore(
+            keys, primary_kid=primary.kid, audience=audience, retired=retired, observer=observer, formats=formats
+        )
     sdk_primary = primary.kid if primary.format is KeyFormat.SDK_V1 else None
     known = frozenset(k.kid for k in ring.keys)
     sdk_core = SDKTokenCore(
@@ -214,7 +229,7 @@ def build_core(
         # The mk1 core needs a sealing kid; while an SDK key is primary its `seal` is never called.
         mk1_primary = primary.kid if sdk_primary is None else next(iter(mk1_keys))
         mk1_core = AESGCMTokenCore(
-            mk1_keys, primary_kid=mk1_primary, audience=audience, retired=retired, observer=observer
+            mk1_keys, primary_kid=mk1_primary, audience=audience, retired=retired, observer=observer, formats=formats
         )
     if sdk_primary is not None:
         seal = sdk_core.seal

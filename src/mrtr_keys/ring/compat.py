@@ -11,8 +11,15 @@ of those releases; `can_read` is the one comparison.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-READS_SINCE: dict[str, str] = {}
+if TYPE_CHECKING:
+    from mrtr_keys.ring.model import KeyRing
+
+KEY_FORMAT_MK2 = "key format mk2"
+"""A key in the ``mk2`` token format (AES-256-GCM-SIV, `mrtr_keys.codecs.aesgcm`)."""
+
+READS_SINCE: dict[str, str] = {KEY_FORMAT_MK2: "0.2.0"}
 """Ring feature -> the first release (PEP 440 ``X.Y.Z``) whose ring reader accepts it. A feature is
 named for what the document holds, e.g. ``"key format mk2"`` or ``"key state revoked"``; each issue
 that adds one registers it here with this release (`mrtr_keys.version.__version__`)."""
@@ -43,3 +50,13 @@ def can_read(version: object, feature: str) -> bool:
     need = release(READS_SINCE[feature])
     have = release(version)
     return have is not None and need is not None and have >= need
+
+
+def features_of(ring: KeyRing) -> frozenset[str]:
+    """The features of `READS_SINCE` that `ring` holds (what a reader must know to load it)."""
+    from mrtr_keys.ring.model import KeyFormat
+
+    found: set[str] = set()
+    if any(k.format is KeyFormat.MK2 for k in ring.keys):
+        found.add(KEY_FORMAT_MK2)
+    return frozenset(found)
