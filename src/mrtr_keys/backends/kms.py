@@ -149,7 +149,5 @@ class KMSBackend:
 
 
 def make_backend(spec: CodecSpec, **options: Any) -> KMSBackend:
-    """`backend_for` entry point. Known options: client, service, kms_key_id, connect_timeout,
-    read_timeout, max_attempts; others (meant for other backends) are ignored."""
-    known = {"client", "service", "kms_key_id", "connect_timeout", "read_timeout", "max_attempts"}
-    return KMSBackend(spec, **{k: v for k, v in options.items() if k in known})
+    """`backend_for` entry point: `KMSBackend`'s keyword options (``BACKEND_OPTIONS["kms"]``)."""
+    return KMSBackend(spec, **options)

@@ -171,7 +171,7 @@ def _int(value: object) -> int:
 
 
 def make_backend(
-    spec: CodecSpec, *, client: VaultClient | None = None, settings: VaultSettings | None = None, **_: Any
+    spec: CodecSpec, *, client: VaultClient | None = None, settings: VaultSettings | None = None
 ) -> VaultTransitBackend:
     """The backend for a ``vault-transit`` ring (see `mrtr_keys.backends.backend_for`)."""
     return VaultTransitBackend(spec, client=client, settings=settings)

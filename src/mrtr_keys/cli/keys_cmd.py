@@ -19,7 +19,8 @@ WIDE = ("kid", "state", "format", "created_at", "promoted_at", "demoted_at", "re
 
 
 def _state(row: dict[str, Any]) -> str:
-    return "destroyed" if row.get("destroyed_at") else str(row["state"])
+    """The state, ``destroyed`` for a retired key without material (a revoked key says ``revoked``)."""
+    return "destroyed" if row.get("destroyed_at") and row["state"] == "retired" else str(row["state"])
 
 
 def _state_and_format(row: dict[str, Any]) -> str:

@@ -113,7 +113,9 @@ def _step(
             _print(skip, json_)
             return
     gate = rotation_gate_for(store, audit=root_audit(), window=window)  # the audit store's gates; None without one
-    check = readers_check_for(store, audit=root_audit(), alternative="make an mk1 key: --key-format mk1")
+    check = readers_check_for(
+        store, audit=root_audit(), what=f"rotate {step}", instead="make an mk1 key: --key-format mk1"
+    )
     options: dict[str, Any] = {
         "force": force,
         "ttl": ttl,

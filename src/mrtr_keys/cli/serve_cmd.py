@@ -111,6 +111,24 @@ def serve(
         str | None,
         typer.Option("--on-replay-store-error", help="deny (refuse unseals while the store fails) or allow."),
     ] = None,
+    expect_codec: Annotated[
+        str | None,
+        typer.Option(
+            "--expect-codec",
+            envvar="MRTR_KEYS_EXPECT_CODEC",
+            help="Load only rings of this codec (local, kms, vault-transit): another one is refused at start "
+            "(exit 2) and on reload (the last good ring stays). MRTR_KEYS_KMS_KEY_ID pins kms and its key.",
+        ),
+    ] = None,
+    allow_core_dumps: Annotated[
+        bool,
+        typer.Option(
+            "--allow-core-dumps",
+            envvar="MRTR_KEYS_ALLOW_CORE_DUMPS",
+            help="Debugging only: leave the sidecar and its children dumpable (a debugger or profiler of the "
+            "same user can read their keys; a crash can write a core file). By default they are not.",
+        ),
+    ] = False,
 ) -> None:
     """Serve seal/unseal over HTTP for many MCP servers; picks up rotations and new clients without a restart."""
     from mrtr_keys.logs import configure_logging
@@ -144,6 +162,8 @@ def serve(
         lease=lease,
         audit_retention=audit_retention,
         audit_retention_interval=audit_retention_interval,
+        expect_codec=expect_codec,
+        allow_core_dumps=allow_core_dumps or None,
     )
     if settings.audit_retention and settings.audit_factory is None:
         from mrtr_keys.audit.retention import check_store

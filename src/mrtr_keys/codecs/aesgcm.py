@@ -21,8 +21,8 @@ Token (see docs/token-format.md)::
   discarded in a forked child.
 * Per-key limits at an attacker advantage of 2^-32: 2^32 seals for mk1 (NIST SP 800-38D section 8.3),
   2^48 for mk2 (RFC 8452 section 9, plaintexts up to 32 MiB); `mrtr_keys.ring.budgets`.
-* The kid picks the key (never trial decryption); unknown or retired kids fail
-  before any decryption, and a token whose prefix is not its key's format fails as ``other format``
+* The kid picks the key (never trial decryption); unknown, retired or revoked kids
+  fail before any decryption, and a token whose prefix is not its key's format fails as ``other format``
   (so no token has two accepted spellings).
 """
 
@@ -66,6 +66,11 @@ _PREFIXES = (TOKEN_PREFIX, MK2_PREFIX)
 _NONCE_END = KID_BYTES + NONCE_BYTES
 _MIN_RAW = KID_BYTES + NONCE_BYTES + TAG_BYTES
 _NONCES_PER_BLOCK = 512
+RETIRED_KID = "retired kid"
+"""The reason code of a token whose kid the ring holds as retired (rotated out after its TTL)."""
+REVOKED_KID = "revoked kid"
+"""The reason code of a token whose kid the ring holds as revoked (`mrtr_keys.changes.revoke`): its own
+audit reason and metric label, so an incident's refusals are told apart from a rotation's."""
 _NONCE_BLOCK = NONCE_BYTES * _NONCES_PER_BLOCK
 
 
@@ -101,6 +106,14 @@ def _aead(fmt: TokenFormat, key: bytes) -> AESGCM | AESGCMSIV:
             f"this cryptography build ({cryptography_version}) cannot do {fmt.name} (AES-256-GCM-SIV): install a "
             "cryptography wheel, >= 42, with its bundled OpenSSL"
         ) from None
+
+
+def refused_kids(ring: KeyRing) -> tuple[frozenset[str], frozenset[str]]:
+    """The kids `ring` knows that no longer open tokens: (retired, revoked)."""
+    from mrtr_keys.ring.model import KeyState
+
+    retired = frozenset(k.kid for k in ring.keys if k.state is KeyState.RETIRED)
+    return retired, frozenset(k.kid for k in ring.keys if k.state is KeyState.REVOKED)
 
 
 def reject(reason: str) -> NoReturn:
@@ -178,6 +191,7 @@ class AESGCMTokenCore:
         primary_kid: the kid that seals; must be in `keys`.
         audience: bound into the key derivation and the associated data.
         retired: kids known to the ring but retired (only to give a clearer reason code).
+        revoked: kids known to the ring but revoked (reason code `REVOKED_KID`).
         observer: optional hook called after every seal/unseal (audit); never sees plaintext.
         formats: kid -> format name (``mk1``, ``mk2``; `FORMATS`) for each of `keys`; absent: ``mk1``.
 
@@ -186,7 +200,7 @@ class AESGCMTokenCore:
         ConfigError: this `cryptography` build cannot do a key's format.
     """
 
-    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_retired", "_ring", "_sealer")
+    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_refused", "_ring", "_sealer")
 
     def __init__(
         self,
@@ -196,6 +210,7 @@ class AESGCMTokenCore:
         audience: str,
         retired: frozenset[str] = frozenset(),
         observer: CodecObserver | None = None,
+        revoked: frozenset[str] = frozenset(),
         formats: Mapping[str, str] | None = None,
     ) -> None:
         if primary_kid not in keys:
@@ -219,7 +234,9 @@ class AESGCMTokenCore:
         self._mint = kid_to_bytes(primary_kid)
         _, aad, _, prefix = self._ring[self._mint]
         self._sealer = (encrypt_with[self._mint], aad, self._mint, primary_kid, prefix)
-        self._retired = frozenset(kid_to_bytes(k) for k in retired)
+        self._refused = {kid_to_bytes(k): RETIRED_KID for k in retired} | {
+            kid_to_bytes(k): REVOKED_KID for k in revoked
+        }
         self._observer = observer
 
     def __repr__(self) -> str:
@@ -251,8 +268,8 @@ class AESGCMTokenCore:
 
         Raises:
             InvalidRequestState: reason ``too long``, ``malformed``, ``unknown kid``,
-                ``retired kid``, ``other format`` (its prefix is not its key's format) or ``seal``
-                (authentication failed).
+                ``retired kid``, ``revoked kid``, ``other format`` (its prefix is not its key's format) or
+                ``seal`` (authentication failed).
         """
         # `token.unpack`, inlined on this hot path: type, cap, prefix, strict base64url, minimum length.
         if type(token) is not str:
@@ -270,7 +287,7 @@ class AESGCMTokenCore:
         raw_kid = raw[:KID_BYTES]
         entry = self._ring.get(raw_kid)
         if entry is None:
-            self._rejected(raw_kid, token, "retired kid" if raw_kid in self._retired else "unknown kid")
+            self._rejected(raw_kid, token, self._refused.get(raw_kid, "unknown kid"))
         decrypt, aad, kid, prefix = entry
         if not token.startswith(prefix):
             self._rejected(raw_kid, token, "other format")

@@ -11,7 +11,8 @@ gate of the audit log relies on (docs/audit.md).
 `reload()` re-reads the keystore and swaps to the new generation atomically. It never goes
 back: a stored ring with a lower generation, or with another ``ring_id``, is refused (the
 loaded ring stays, a WARNING is logged once, and `reload_refused` says why until a usable ring
-is stored again). A broken ring raises and also leaves the loaded one in place.
+is stored again), and so is a ring the codec's `pin` refuses (another codec type or KMS key,
+`mrtr_keys.codecs.pin`). A broken ring raises and also leaves the loaded one in place.
 
 `remote_per_token` says whether `seal`/`unseal` may call a remote service (Vault transit in
 remote mode): the sealing sidecar runs such codecs in worker threads, and the others inline.
@@ -30,6 +31,7 @@ import mrtr_keys.tracing as tracing
 from mrtr_keys.codecs.fence import UNKNOWN_KID, Fence
 from mrtr_keys.codecs.generations import SWITCH, next_ring
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, as_keystore
@@ -69,6 +71,10 @@ class KeyRingCodec:
     reload_refused: str | None = None
     """Why the last `reload()` kept the loaded ring although the keystore holds another one
     (lower generation, other ring), else None."""
+    pin: RingPin | None = None
+    """The process's codec pin (`mrtr_keys.codecs.pin`): `reload()` refuses a ring it refuses. Set by
+    `mrtr_keys.open_codec` (``expect_codec=``, ``kms_key_id=`` or their environment variables), and by
+    `KMSEnvelopeCodec` for its own ``kms_key_id``."""
     _fence: Fence | None = None
     _until: float = math.inf
     """`lease_clock` time after which `seal`/`unseal` ask the fence first (inf: no fence)."""
@@ -194,7 +200,7 @@ class KeyRingCodec:
             self._lock,  # one reload at a time, so an older ring can never be installed last
         ):
             ring = tracing.load_ring(self._keystore)
-            step = next_ring(self._ring, ring, refused_before=self.reload_refused, log=log)
+            step = next_ring(self._ring, ring, refused_before=self.reload_refused, log=log, pin=self.pin)
             if step.outcome != SWITCH:
                 self.reload_refused = step.refused
                 tracing.set_attributes(sp, outcome=step.outcome)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from mrtr_keys.codecs.base import KeyRingCodec
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.providers.kms.client import ENV_KMS_KEY_ID, KMSSettings
 from mrtr_keys.providers.kms.service import KMSService
@@ -97,6 +98,8 @@ class KMSEnvelopeCodec(KeyRingCodec):
     ) -> None:
         self._kms = service or KMSService(client, settings or KMSSettings.from_env())
         self._pinned = kms_key_id or os.environ.get(ENV_KMS_KEY_ID) or None
+        if self._pinned:  # a ring of another type or KMS key is refused on reload too, not only at start
+            self.pin = RingPin("kms", self._pinned, "kms_key_id" if kms_key_id else ENV_KMS_KEY_ID)
         self._unwrapped: dict[_CacheKey, bytes] = {}
 
     def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:

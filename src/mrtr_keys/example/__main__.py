@@ -216,6 +216,11 @@ def serve(args: argparse.Namespace) -> None:
     """
     import uvicorn
 
+    from mrtr_keys.hardening import core_dumps_allowed, harden_process
+
+    hardening = harden_process()  # before the ring's keys are read (MRTR_KEYS_ALLOW_CORE_DUMPS=1: not)
+    if not hardening.hardened and not core_dumps_allowed():  # not Linux, or refused: one line
+        print(f"warning: {hardening.note}", file=sys.stderr, flush=True)
     security = security_from_args(args)
     # One plain line per record (the SDK's rich handler would wrap them); set before MCPServer's own setup.
     logging.basicConfig(level=logging.INFO, format="%(levelname)-8s %(name)s: %(message)s", stream=sys.stderr)

@@ -1,89 +1,122 @@
-"""The one fleet check before writing a ring a live instance could not read (`mrtr_keys.ring.compat`).
+"""The one fleet check before a change writes a ring feature that older releases cannot read.
 
-The ring reader is strict: an instance that meets a ring feature it does not know (a key format, a key
-state) refuses the whole ring and keeps serving the one it had, so it would stop following the fleet. A
-change that adds such a feature (``rotate begin`` making the first ``mk2`` key, ...) therefore looks at
-the presence rows first and is refused (`NotYet`, exit 75) while a live instance of the ring reports a
-release that cannot read it, naming each with its version. Stale and stopped instances do not count (as
-for the rotation gates, `mrtr_keys.fleet.gates`); nor does a store with no presence (auditing off).
+The ring reader is strict (`mrtr_keys.ring.document`): an instance that meets a key state or a key
+format it does not know refuses the whole ring, logs it, and keeps serving on the ring it had. A change
+that writes such a feature (a ``revoked`` key, an ``mk2`` key) would therefore leave those instances on
+the old ring, the opposite of what it meant. So it first reads the presence rows of the ring's live
+instances (`mrtr_keys.fleet.gates.live_instances`; each row carries the instance's package version) and
+refuses (`NotYet`, exit 75) while one of them runs a release older than `mrtr_keys.ring.compat.READS_SINCE`
+says the feature needs, naming them; ``--force`` writes anyway and the change is recorded as forced.
+An instance with no version in its row counts as too old (`mrtr_keys.ring.compat.can_read`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
+from mrtr_keys.audit.stores.base import AuditStore
 from mrtr_keys.errors import NotYet
-from mrtr_keys.fleet.presence import LIVE, InstanceRecord, read_instances
-from mrtr_keys.ring.compat import READS_SINCE, can_read, features_of
+from mrtr_keys.fleet.gates import live_instances
+from mrtr_keys.fleet.instances import InstanceRecord
+from mrtr_keys.ring.compat import READS_SINCE, can_read, features_of, release
 from mrtr_keys.ring.model import KeyRing
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore
     from mrtr_keys.keystores import Keystore
 
 ReadersCheck = Callable[[KeyRing, KeyRing, datetime], None]
-"""``check(before, after, now)``: raises `NotYet` when `after` holds a feature a live instance cannot read."""
+"""``check(before, after, now)`` (`mrtr_keys.changes.apply.ChangeCheck`): raises `NotYet` when `after` holds a
+feature `before` did not and a live instance cannot read it."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A live instance and the features (names in `READS_SINCE`) its release does not read."""
+
+    instance: InstanceRecord
+    features: tuple[str, ...]
+
+    def describe(self) -> str:
+        """``NAME (version 0.1.4, cannot read: key state revoked)``."""
+        return (
+            f"{self.instance.name} (version {self.instance.version or 'not reported'}, "
+            f"cannot read: {', '.join(self.features)})"
+        )
 
 
 def instances_that_cannot_read(
-    store: AuditStore, ring_id: str, features: Iterable[str], now: datetime
-) -> list[tuple[InstanceRecord, str]]:
-    """Each live instance of ring `ring_id` in `store` that cannot read one of `features`, with the first
-    such feature (an instance that reports no version counts as too old: `can_read`).
+    store: AuditStore | None, ring: KeyRing, features: Iterable[str], now: datetime, *, window: float | None = None
+) -> list[Unreadable]:
+    """The live instances of `ring` (same ``ring_id``) whose release cannot read one of `features`.
+
+    Without a `store` (auditing off: no presence) nothing is known, and the list is empty.
 
     Raises:
+        KeyError: a feature not in `READS_SINCE` (a programming error).
         AuditError: the store cannot be read.
     """
-    wanted = sorted(features)
-    at = now.timestamp()
-    out: list[tuple[InstanceRecord, str]] = []
-    for rec in read_instances(store):
-        if rec.ring_id != ring_id or rec.status(at) != LIVE:
-            continue
-        missing = next((f for f in wanted if not can_read(rec.version, f)), None)
-        if missing is not None:
-            out.append((rec, missing))
+    wanted = tuple(features)
+    for feature in wanted:
+        READS_SINCE[feature]  # a name not registered is a bug (KeyError), not an old instance
+    if store is None or not wanted:
+        return []
+    out = []
+    for rec in live_instances(store, ring, now, window):
+        missing = tuple(f for f in wanted if not can_read(rec.version, f))
+        if missing:
+            out.append(Unreadable(rec, missing))
     return out
 
 
 def refuse_unreadable(
-    store: AuditStore, before: KeyRing, after: KeyRing, now: datetime, *, alternative: str | None = None
-) -> None:
-    """Raise `NotYet` if `after` holds a feature `before` did not and a live instance cannot read it.
+    store: AuditStore | None,
+    ring: KeyRing,
+    features: Iterable[str],
+    now: datetime,
+    *,
+    force: bool = False,
+    what: str = "this change",
+    instead: str = "override with --force",
+) -> str | None:
+    """Refuse `what` while a live instance cannot read one of `features` (see the module docstring);
+    `instead` is the way around waiting for the upgrade the message offers (e.g. ``make an mk1 key:
+    --key-format mk1``).
 
-    `alternative` (e.g. ``make an mk1 key instead: mrtr-keys rotate begin --key-format mk1``) is added to
-    the message as the way around waiting for the upgrade.
+    Returns:
+        None when every live instance reads them; with `force`, a note naming those that do not (the
+        caller records the change as forced).
 
     Raises:
-        NotYet: naming each such instance, its version and the first release that reads the feature.
+        NotYet: such an instance is live and `force` is not set (exit 75); the message names each, with
+            its version and the release it needs.
         AuditError: the store cannot be read.
     """
-    added = features_of(after) - features_of(before)
-    if not added:
-        return
-    old = instances_that_cannot_read(store, after.ring_id, added, now)
+    old = instances_that_cannot_read(store, ring, features, now)
     if not old:
-        return
-    names = "; ".join(
-        f"{r.name} (mrtr-keys {r.version or 'of unknown version'}, needs {READS_SINCE[f]} for {f})" for r, f in old
+        return None
+    names = "; ".join(u.describe() for u in old)
+    needs = ", ".join(sorted({f"{f} needs {READS_SINCE[f]}" for u in old for f in u.features}))
+    newest = max((READS_SINCE[f] for u in old for f in u.features), key=lambda v: release(v) or (0, 0, 0))
+    if force:
+        return f"--force wrote it although {len(old)} live instance(s) cannot read it: {names}"
+    raise NotYet(
+        f"{what} not written: {len(old)} live instance(s) run a release that cannot read it ({needs}) and would "
+        f"keep serving on the ring they have: {names}. Upgrade them first (a rolling restart on mrtr-keys "
+        f"{newest} or later; docs/rotation.md, 'Upgrading the fleet'), or {instead}",
+        waits=[{"for": "instances", "seconds": None, "detail": names}],
     )
-    message = (
-        f"{len(old)} live instance(s) of this key ring run a release that cannot read the ring this change writes "
-        f"(they would refuse it and stop following rotations): {names}. Upgrade them first (docs/rotation.md, "
-        "'Upgrading the fleet')"
-    )
-    if alternative:
-        message += f", or {alternative}"
-    raise NotYet(message, waits=[{"for": "upgrade", "seconds": None, "detail": names}])
 
 
 def readers_check_for(
-    keystore: Keystore, *, audit: str | Literal[False] | None = None, alternative: str | None = None
+    keystore: Keystore, *, audit: str | Literal[False] | None = None, what: str = "this change", instead: str
 ) -> ReadersCheck | None:
-    """`refuse_unreadable` over the presence store of the ring in `keystore` (see
-    `mrtr_keys.fleet.gates.rotation_gate_for`), or None when there is none to read; `alternative` as there.
+    """The check `mrtr_keys.changes.apply.apply_change` runs before it saves (``check=``): `refuse_unreadable`
+    over the features the new ring holds and the old one did not (`mrtr_keys.ring.compat.features_of`), in the
+    presence store of the ring in `keystore` (as `mrtr_keys.fleet.gates.rotation_gate_for` finds it). None when
+    there is no store to read (auditing off: no presence, nothing known).
 
     Raises:
         ConfigError: a bad store URL; AuditError: the store cannot be opened.
@@ -95,6 +128,8 @@ def readers_check_for(
         return None
 
     def check(before: KeyRing, after: KeyRing, now: datetime) -> None:
-        refuse_unreadable(store, before, after, now, alternative=alternative)
+        added = features_of(after) - features_of(before)
+        if added:
+            refuse_unreadable(store, after, sorted(added), now, what=what, instead=instead)
 
     return check

@@ -34,6 +34,9 @@ over the file, the file wins over the defaults::
     single_use_clients = ["billing"]          # only these clients' unseals (default: every unseal)
     single_use_audiences = ["payments"]       # ... or these audiences'
     on_replay_store_error = "deny"            # "allow": serve unseals unrecorded while the store fails
+    expect_codec = "kms"                      # refuse rings of another codec (else --expect-codec /
+                                              # MRTR_KEYS_EXPECT_CODEC; MRTR_KEYS_KMS_KEY_ID implies kms)
+    allow_core_dumps = false                  # true: stay dumpable (debugging; else --allow-core-dumps)
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.ring.model import CODEC_TYPES
 from mrtr_keys.token import MAX_TOKEN_CHARS
 from mrtr_keys.urls import redact
 
@@ -119,6 +123,12 @@ class ServiceConfig:
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
     None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
+    allow_core_dumps: bool = False
+    """Leave the sidecar, its workers and its children dumpable, with core dumps as the system sets them
+    (`mrtr_keys.hardening`); by default they are not dumpable and write no core file."""
+    expect_codec: str | None = None
+    """The only codec type whose rings are loaded (`mrtr_keys.codecs.pin`); None: ``MRTR_KEYS_EXPECT_CODEC``,
+    else any (``MRTR_KEYS_KMS_KEY_ID`` pins ``kms`` and the KMS key)."""
 
     def __post_init__(self) -> None:
         for name in ("single_use_clients", "single_use_audiences"):
@@ -162,6 +172,8 @@ class ServiceConfig:
             raise ConfigError("host must be a non-empty string")
         if self.audit is not None and not isinstance(self.audit, str):
             raise ConfigError("audit must be a store URL (sqlite:///PATH, postgresql://..., jsonl:///PATH) or off")
+        if self.expect_codec is not None and self.expect_codec not in CODEC_TYPES:
+            raise ConfigError(f"expect_codec must be one of {', '.join(sorted(CODEC_TYPES))}")
         if self.log_format not in (None, "text", "json"):
             raise ConfigError("log_format must be text or json")
         if self.audit_retention is not None:
@@ -173,6 +185,8 @@ class ServiceConfig:
             raise ConfigError("audit_retention_interval must be a number of seconds from 0.05 to 604800")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
+        if not isinstance(self.allow_core_dumps, bool):
+            raise ConfigError("allow_core_dumps must be true or false")
         if self.http not in HTTP_CHOICES:
             raise ConfigError(f"http must be one of {', '.join(HTTP_CHOICES)}")
         _int_in("max_header_bytes", self.max_header_bytes, 1024, 1024 * 1024)
