@@ -130,16 +130,24 @@ def _keep_current(
     lease: float | None,
     loaded_at: float,
 ) -> None:
-    """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store."""
+    """Start the codec's ring watcher, its fence, and its presence heartbeat and seal counts
+    (`mrtr_keys.fleet.usage`) when it has an audit store."""
     from mrtr_keys.keystores.watch import watch_codec
 
     presence = None
+    on_switch = None
     sink = getattr(observer, "sink", None)
     if sink is not None:
         from mrtr_keys.fleet.presence import presence_for
 
         presence = presence_for(sink.store, name=instance, kind="library", every=heartbeat_every)
-    watcher = watch_codec(codec, store, interval=interval, on_switch=presence.beat_soon if presence else None)
+        beat, usage = presence.beat_soon, presence.usage()
+
+        def on_switch() -> None:  # a new generation: the heartbeat says so, the counts reserve for its keys
+            beat()
+            usage.wake()
+
+    watcher = watch_codec(codec, store, interval=interval, on_switch=on_switch)
     with contextlib.suppress(AttributeError):
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
@@ -148,9 +156,10 @@ def _keep_current(
         fence.on_served = fenced_out_counter().inc
         codec.fence = fence  # type: ignore[attr-defined]
     if presence is not None:
-        from mrtr_keys.fleet.presence import codec_source
+        from mrtr_keys.fleet.presence import codec_source, ring_source
 
         presence.add(codec_source(codec, watcher))
+        presence.usage().watch(ring_source(codec))
 
 
 _fenced_out: Any = None

@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.usage import RingUsage
 from mrtr_keys.errors import ConfigError, MrtrKeysError
 from mrtr_keys.token import KID_BYTES, MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, kid_to_bytes, unpack
 
@@ -194,13 +195,16 @@ class AESGCMTokenCore:
         revoked: kids known to the ring but revoked (reason code `REVOKED_KID`).
         observer: optional hook called after every seal/unseal (audit); never sees plaintext.
         formats: kid -> format name (``mk1``, ``mk2``; `FORMATS`) for each of `keys`; absent: ``mk1``.
+        usage: the ring's counts in this process (`mrtr_keys.codecs.usage.usage_for`): every seal, unseal and
+            rejection counts on its kid's tally (a token whose kid the ring does not hold, on ``unknown``);
+            None counts where nobody reads it.
 
     Raises:
         ValueError: a key is not 32 bytes, `primary_kid` is not among `keys`, or a format is unknown.
         ConfigError: this `cryptography` build cannot do a key's format.
     """
 
-    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_refused", "_ring", "_sealer")
+    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_refused", "_ring", "_sealer", "_tallies", "_unknown")
 
     def __init__(
         self,
@@ -212,11 +216,13 @@ class AESGCMTokenCore:
         observer: CodecObserver | None = None,
         revoked: frozenset[str] = frozenset(),
         formats: Mapping[str, str] | None = None,
+        usage: RingUsage | None = None,
     ) -> None:
         if primary_kid not in keys:
             raise ValueError("the primary kid must be among the unsealing keys")
-        # raw kid -> (bound decrypt, associated data, kid text, token prefix); bound once, not per token
-        self._ring: dict[bytes, tuple[_AEADFn, bytes, str, str]] = {}
+        usage = usage if usage is not None else RingUsage("")
+        # raw kid -> (bound decrypt, associated data, kid text, token prefix, unseal count); bound once
+        self._ring: dict[bytes, tuple[_AEADFn, bytes, str, str, Callable[[], int]]] = {}
         encrypt_with: dict[bytes, _AEADFn] = {}
         self._audience = audience
         self._aad_tail = audience.encode("utf-8", "surrogatepass")
@@ -229,14 +235,17 @@ class AESGCMTokenCore:
             raw_kid = kid_to_bytes(kid)
             aad = fmt.prefix.encode("ascii") + raw_kid + self._aad_tail
             aead = _aead(fmt, derive_audience_key(bytes(key), audience, fmt.kdf_info))
-            self._ring[raw_kid] = (aead.decrypt, aad, kid, fmt.prefix)
+            self._ring[raw_kid] = (aead.decrypt, aad, kid, fmt.prefix, usage.kid(kid).unseal)
             encrypt_with[raw_kid] = aead.encrypt
         self._mint = kid_to_bytes(primary_kid)
-        _, aad, _, prefix = self._ring[self._mint]
-        self._sealer = (encrypt_with[self._mint], aad, self._mint, primary_kid, prefix)
+        _, aad, _, prefix, _ = self._ring[self._mint]
+        tally = usage.kid(primary_kid)
+        self._sealer = (encrypt_with[self._mint], aad, self._mint, primary_kid, prefix, tally.seal, tally)
         self._refused = {kid_to_bytes(k): RETIRED_KID for k in retired} | {
             kid_to_bytes(k): REVOKED_KID for k in revoked
         }
+        self._tallies = {kid_to_bytes(k): usage.kid(k) for k in (*keys, *retired, *revoked)}
+        self._unknown = usage.unknown
         self._observer = observer
 
     def __repr__(self) -> str:
@@ -256,9 +265,11 @@ class AESGCMTokenCore:
         """
         if len(payload) > MAX_PAYLOAD_BYTES:
             raise MrtrKeysError(f"payload of {len(payload)} bytes is over the {MAX_PAYLOAD_BYTES}-byte token limit")
-        encrypt, aad, raw_kid, kid, prefix = self._sealer
+        encrypt, aad, raw_kid, kid, prefix, count, tally = self._sealer
         nonce = _take_nonce()
         token = prefix + b64u_encode(raw_kid + nonce + encrypt(nonce, payload, aad))
+        if count() >= tally.mark:  # the reservation runs low: wake the reporter (`mrtr_keys.codecs.usage`)
+            tally.wake()
         if self._observer is not None:
             self._observer.sealed(kid, token)
         return token
@@ -288,18 +299,20 @@ class AESGCMTokenCore:
         entry = self._ring.get(raw_kid)
         if entry is None:
             self._rejected(raw_kid, token, self._refused.get(raw_kid, "unknown kid"))
-        decrypt, aad, kid, prefix = entry
+        decrypt, aad, kid, prefix, count = entry
         if not token.startswith(prefix):
             self._rejected(raw_kid, token, "other format")
         try:
             payload = decrypt(raw[KID_BYTES:_NONCE_END], raw[_NONCE_END:], aad)
         except InvalidTag:
             self._rejected(raw_kid, token, "seal")
+        count()
         if self._observer is not None:
             self._observer.unsealed(kid, token)
         return payload
 
     def _rejected(self, raw_kid: bytes | None, token: str, reason: str) -> NoReturn:
+        self._tallies.get(raw_kid, self._unknown).reject()  # type: ignore[arg-type]
         rejected(self._observer, raw_kid, token, reason)
 
 
