@@ -46,6 +46,10 @@ def open_codec(
     ``presence`` attribute) every `heartbeat_every` seconds (default 10) under the name `instance`
     (default ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
+    Every seal, unseal and rejection is counted per kid (`mrtr_keys.codecs.usage`): with an audit store the
+    instance also reserves and reports them there, fleet-wide (`mrtr_keys.fleet.usage`); with a meter provider
+    set they are OpenTelemetry counters too (`mrtr_keys.codecs.usage_otel`).
+
     The codec also fences itself (`mrtr_keys.codecs.fence`, its ``fence`` attribute): once `lease`
     seconds have passed since its last successful keystore check (a pause, an outage), a seal or unseal
     first checks the keystore; and an unseal that meets an unknown kid looks at the keystore once
@@ -67,8 +71,10 @@ def open_codec(
     """
     check_keywords(backend_options, keywords_of(open_codec) | ALL_BACKEND_OPTIONS, "open_codec()")
     from mrtr_keys.codecs.fence import check_lease
+    from mrtr_keys.codecs.usage_otel import install
     from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval, lease_clock
 
+    install()  # the seal counts as OpenTelemetry metrics, once a meter provider is set
     interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
     lease = None if lease is None else check_lease(lease)
     store = as_keystore(keystore)
