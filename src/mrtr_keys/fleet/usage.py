@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
@@ -305,3 +305,45 @@ def _sealers(ring: KeyRing) -> set[str]:
     primary, and its reservation is then already in place)."""
     begun = {k.kid for k in ring.keys if k.state is KeyState.VERIFY and k.demoted_at is None}
     return {ring.primary.kid} | begun
+
+
+NO_STORE = (
+    "seal counts: no presence store for this key ring (auditing off), so each instance counts its own seals "
+    "(its /metrics or OpenTelemetry); there is no fleet-wide total"
+)
+"""The one line the CLI prints instead of fleet-wide counts when there is no presence store."""
+
+
+@dataclass(frozen=True)
+class UsageView:
+    """A ring's fleet-wide counts as the CLI shows them: `totals` from the presence store, or None with `note`."""
+
+    totals: dict[str, KidTotals] | None
+    note: str | None = None
+
+    def of(self, ring: KeyRing, kid: str) -> dict[str, Any]:
+        """``seals``, ``unseals``, ``rejections`` (fleet-wide, None when unknown), ``budget`` and ``used`` (the
+        fraction of the budget sealed, None when unknown) of key `kid` of `ring`."""
+        key = ring.lookup(kid)
+        budget = budget_of(ring, key) if key is not None else None
+        t = None if self.totals is None else self.totals.get(kid)
+        known = self.totals is not None
+        seals = t.seals if t is not None else (0 if known else None)
+        return {
+            "seals": seals,
+            "unseals": t.unseals if t is not None else (0 if known else None),
+            "rejections": t.rejections if t is not None else (0 if known else None),
+            "budget": budget,
+            "used": None if seals is None or not budget else round(seals / budget, 6),
+        }
+
+
+def read_usage(store: AuditStore | None, ring: KeyRing) -> UsageView:
+    """The fleet-wide counts of `ring` in `store` (the presence store; None: there is none, `NO_STORE`).
+    A store that cannot be read gives a note saying so, never an error (the keys are still shown)."""
+    if store is None:
+        return UsageView(None, NO_STORE)
+    try:
+        return UsageView(totals(store.usage_rows(ring.ring_id)))
+    except AuditError as exc:
+        return UsageView(None, f"seal counts unavailable: {exc}")
