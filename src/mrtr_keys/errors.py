@@ -103,6 +103,12 @@ class BackendUnavailable(MrtrKeysError):
     """
 
 
+class WrappingKeyRevoked(MrtrKeysError):
+    """The wrapping key of a data-key ring (a KMS key, a Vault transit key) answered that it is disabled,
+    deleted or denied to this instance: the codec fails closed until it answers again (`mrtr_keys.codecs.kek`).
+    Not a `BackendUnavailable`: an outage keeps the instance serving, this does not."""
+
+
 class UnwrapError(MrtrKeysError):
     """A wrapped data key could not be unwrapped (wrong context, wrong key, corrupted, denied)."""
 

@@ -104,7 +104,7 @@ def test_keys_list_fits_80_columns_and_wide_shows_every_column(ring: Path) -> No
 def test_keys_show_one_key(ring: Path) -> None:
     kid = FileKeystore(ring).load().primary.kid
     info = ok(cli("keys", "show", kid, "--json", keystore=ring)).json()
-    assert info["kid"] == kid and info["state"] == "primary" and info["seals"] and info["unseals"]
+    assert info["kid"] == kid and info["state"] == "primary" and info["sealing"] and info["opening"]
     assert info["material"] == "held" and "material" not in json.dumps(
         {k: v for k, v in info.items() if k != "material"}
     )

@@ -68,6 +68,7 @@ def test_a_pinned_instance_refuses_a_local_ring_at_start(
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.e2e  # the example server in its own process
 def test_the_example_server_exits_2_with_one_line(keystore_path: Path, tmp_path: Path) -> None:
     """In its own process (the example server hardens the process it runs in)."""
     out, err = tmp_path / "out", tmp_path / "err"

@@ -200,6 +200,10 @@ def test_another_process_of_the_same_user_cannot_read_the_sidecar_or_its_writer(
                     "ptrace": "refused: EPERM",
                 }, name
 
+        said = (workdir / "sidecar.log").read_text()  # the start says which it is
+        assert ("WARNING mrtr_keys.service: core dumps allowed (--allow-core-dumps)" in said) == allow, said
+        assert ("process hardened)" in said) == (not allow), said
+
         # SIGABRT: the writer child (the sidecar reaps it), then the sidecar (this test reaps it)
         in_cwd = (
             "/" not in (pattern := Path("/proc/sys/kernel/core_pattern").read_text().strip()) and pattern[:1] != "|"

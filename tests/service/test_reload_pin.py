@@ -26,6 +26,8 @@ from tests.fixtures.keyrings import swap_for_a_local_ring
 from tests.fixtures.moto_kms import KMSEnv
 from tests.support.waiting import until
 
+pytestmark = pytest.mark.e2e  # the CLI and sidecars in their own processes
+
 ARN = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 AUD = "svc"
 

@@ -25,8 +25,10 @@ _MODULES = {  # one per `mrtr_keys.ring.model.CODEC_TYPES`
 }
 BACKEND_OPTIONS: dict[str, frozenset[str]] = {
     "local": frozenset(),
-    "kms": frozenset({"client", "service", "kms_key_id", "connect_timeout", "read_timeout", "max_attempts"}),
-    "vault-transit": frozenset({"client", "settings"}),
+    "kms": frozenset(
+        {"client", "service", "kms_key_id", "connect_timeout", "read_timeout", "max_attempts", "kek_check_every"}
+    ),
+    "vault-transit": frozenset({"client", "settings", "kek_check_every"}),
 }
 """The keyword options each backend's ``make_backend`` takes (its client settings). `backend_for` hands a
 backend only its own and refuses a keyword no backend takes, so a misspelled setting is an error, not a

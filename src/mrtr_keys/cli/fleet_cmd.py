@@ -3,11 +3,14 @@
 One row an instance (name, codec, generation, primary kid, last heartbeat, live / stuck / stale /
 stopped: stuck is a live instance whose ring watcher has completed no check in 3 intervals), in 80
 columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord` plus ``status``,
-``current`` (live and not stuck), ``age_seconds``, ``primary_format``: ``mk2``, ``mk1``, or ``sdk-v1`` for the MCP SDK's
-own key, and ``primary_seals``, ``primary_budget``, ``primary_used``: the primary's fleet-wide seals, never below the
-truth, against its seal budget). Below the rows, one line gives each usable key's use of its budget, and a key at
-50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). Instances of other rings in
-the same store, and rows whose last heartbeat is older than ``--since`` (default 1h), are left out.
+``current`` (live and not stuck), ``age_seconds``, ``applied`` (it has loaded the stored ring's generation and
+its watcher is not stuck), ``primary_format``: ``mk2``, ``mk1``, or ``sdk-v1`` for the MCP SDK's own key, and
+``primary_seals``, ``primary_budget``, ``primary_used``: the primary's fleet-wide seals, never below the truth,
+against its seal budget). Instances of other rings in the same store, and rows whose last heartbeat is older than
+``--since`` (default 1h), are left out. Below the rows, one line gives each usable key's use of its seal budget, and
+a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
+a revoked key, a line says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names
+the others.
 """
 
 from __future__ import annotations
@@ -78,15 +81,18 @@ def status(
             for r in read_instances(audit)
             if (ring is None or r.ring_id == ring.ring_id) and parse_event_time(r.beat).timestamp() >= horizon
         ]
+        revocation = _revocation(audit, ring) if ring is not None else None
         usage = read_usage(audit, ring) if ring is not None else None
     finally:
         audit.close()
     formats = {k.kid: k.format.value for k in ring.keys} if ring else {}  # mk2, mk1, or sdk-v1: the SDK's own key
     if json_:
+        target = ring.generation if ring else None
         print_json(
             [
                 {
                     **r.to_json(now),
+                    "applied": target is not None and (r.generation or 0) >= target and not r.watcher_stuck,
                     **_primary_use(ring, usage, r.primary_kid),
                     "primary_format": formats.get(r.primary_kid or ""),
                 }
@@ -126,9 +132,27 @@ def status(
         print_line(note)
     for kid in sorted({r.primary_kid for r in rows if r.primary_kid and formats.get(r.primary_kid) == "sdk-v1"}):
         print_line(f"  {kid}: the MCP SDK's own key, sealing its v1. tokens (docs/migration.md)")
+    if revocation is not None:
+        print_line(_wrap(revocation, ""))
     if ring is not None and usage is not None:
         for line in _use_lines(ring, usage):
             print_line(line)
+
+
+def _revocation(audit: Any, ring: Any) -> str | None:
+    """For the ring's latest revoked key: which live instances have applied the generation that revoked it."""
+    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.fleet.applied import applied
+    from mrtr_keys.ring.model import format_time
+
+    revoked = [k for k in ring.keys if k.revoked and k.revoked_at is not None]
+    if not revoked:
+        return None
+    key = max(revoked, key=lambda k: k.revoked_at)
+    found = audit.query(Query(op="revoke", kid=key.kid, newest_first=True, limit=1))
+    target = found[0].event.generation if found and found[0].event.generation else ring.generation
+    state = applied(audit, ring, target)
+    return f"revoked {key.kid} at {format_time(key.revoked_at)}: {state.describe(time.time())}"
 
 
 def _primary_use(ring: Any, usage: Any, kid: str | None) -> dict[str, Any]:

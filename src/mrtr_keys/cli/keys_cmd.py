@@ -1,6 +1,7 @@
-"""`mrtr-keys keys list|show|destroy|ttl|budget`: the ring's keys (never material) with their fleet-wide seal
-counts against their budgets, destroying a retired key's material, and changing the TTL or a seal budget without
-a rotation (`mrtr_keys.changes.lifecycle`, `mrtr_keys.changes.budget`)."""
+"""`mrtr-keys keys list|show|destroy|ttl|budget|revoke`: the ring's keys (never material) with their fleet-wide
+seal counts against their budgets, destroying a retired key's material, changing the TTL or a seal budget without
+a rotation (`mrtr_keys.changes.lifecycle`, `mrtr_keys.changes.budget`), and revoking a leaked key
+(`mrtr_keys.cli.revoke_cmd`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from typing import Annotated, Any
 
 import typer
 
+from mrtr_keys.cli import revoke_cmd
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
 from mrtr_keys.errors import ConfigError
 
 app = typer.Typer(
-    help="Show the key ring's keys and their use; destroy retired ones; change the TTL or a seal budget.",
+    help="Show the key ring's keys and their use; destroy retired ones; change the TTL or a seal budget; revoke a "
+    "leaked key.",
     no_args_is_help=True,
 )
+app.command("revoke")(revoke_cmd.revoke)
 
 WideOpt = Annotated[bool, typer.Option("--wide", help="Every column, full ISO 8601 times (wider than 80 columns).")]
 KidArg = Annotated[str, typer.Argument(help="Key id (8 hex characters, see: mrtr-keys keys list).")]
@@ -29,6 +33,7 @@ WIDE = (
     "demoted_at",
     "retired_at",
     "destroyed_at",
+    "revoked_at",
     "seals",
     "budget",
     "used",
@@ -73,9 +78,9 @@ def used_text(used: object) -> str:
 @app.command("list")
 def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonOpt = False) -> None:
     """List keys: kid, state (marked sdk for an MCP SDK key), created / promoted / retired, UTC, and the
-    fraction of its seal budget each key has used fleet-wide (--wide: every time, to the microsecond, the format,
-    mk2, mk1 or sdk-v1, the seals and the budget). Without a presence store (auditing off) there is no fleet-wide
-    count: one line says so."""
+    fraction of its seal budget each key has used fleet-wide (--wide: every time, to the microsecond, revoked
+    included, the format, mk2, mk1 or sdk-v1, the seals and the budget). Without a presence store (auditing off)
+    there is no fleet-wide count: one line says so."""
     from mrtr_keys.cli.output import error, print_json, print_table, short_time
 
     store = keystore(keystore_)

@@ -45,6 +45,24 @@ def serve(
             "the last successful check; 0: off [default: 3 heartbeat intervals].",
         ),
     ] = None,
+    max_fenced_out: Annotated[
+        str | None,
+        typer.Option(
+            "--max-fenced-out",
+            metavar="DURATION",
+            help="Answer 503 once the sidecar has served this long (90s, 10m) fenced out, i.e. without reaching the "
+            "key ring past its lease: it cannot learn of a revocation then [default: off].",
+        ),
+    ] = None,
+    kek_check_every: Annotated[
+        float | None,
+        typer.Option(
+            "--kek-check-every",
+            envvar="MRTR_KEYS_KEK_CHECK_EVERY",
+            help="Seconds between checks of a KMS / Vault data-key ring's wrapping key; disabled or denied: fail "
+            "closed; 0: off [default: 300].",
+        ),
+    ] = None,
     config: Annotated[str | None, typer.Option("--config", help="TOML file with a [sidecar] table.")] = None,
     clients: Annotated[
         str | None,
@@ -131,6 +149,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve seal/unseal over HTTP for many MCP servers; picks up rotations and new clients without a restart."""
+    from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.config import load_config
 
@@ -160,6 +179,8 @@ def serve(
         instance=instance,
         heartbeat_interval=heartbeat_interval,
         lease=lease,
+        max_fenced_out=None if max_fenced_out is None else parse_duration(max_fenced_out, "--max-fenced-out"),
+        kek_check_every=kek_check_every,
         audit_retention=audit_retention,
         audit_retention_interval=audit_retention_interval,
         expect_codec=expect_codec,

@@ -149,7 +149,10 @@ def _core(
     else:
         store = keystore
     pin = RingPin.from_settings(config.expect_codec, (backend_options or {}).get("kms_key_id"))
-    ring = RingState(store, backend_options=backend_options, pin=pin)  # a refused ring starts no audit writer
+    options = dict(backend_options or {})
+    if config.kek_check_every is not None:
+        options.setdefault("kek_check_every", config.kek_check_every)
+    ring = RingState(store, backend_options=options, pin=pin)  # a refused ring starts no audit writer
     if audit is None and config.audit_factory:
         audit = _load_audit(config)
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)

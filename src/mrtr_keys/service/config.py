@@ -14,6 +14,8 @@ over the file, the file wins over the defaults::
     instance = "sidecar-1"                    # presence name (else MRTR_KEYS_INSTANCE, else host:pid)
     heartbeat_interval = 10.0                 # seconds between presence heartbeats
     lease = 30.0                              # self-fencing lease (default 3 heartbeats; 0: off)
+    max_fenced_out = 600.0                    # refuse after serving fenced out this long (default: off)
+    kek_check_every = 300.0                   # seconds between checks of a KMS / Vault wrapping key (0: off)
     max_body_bytes = 4259840                  # default: the 4 MiB token cap + 64 KiB of JSON around it
     max_batch_items = 256
     http = "corked"                           # or "httptools": uvicorn's own writes (else --http / MRTR_KEYS_HTTP)
@@ -123,6 +125,12 @@ class ServiceConfig:
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
     None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
+    max_fenced_out: float | None = None
+    """Seconds the sidecar may serve fenced out (keystore unreachable past the lease) before it answers 503
+    (`mrtr_keys.codecs.fence.Fence.max_fenced_out`); None or 0: no cap."""
+    kek_check_every: float | None = None
+    """Seconds between checks of a data-key ring's wrapping key (`mrtr_keys.codecs.kek`); None:
+    ``MRTR_KEYS_KEK_CHECK_EVERY``, else 300; 0: off."""
     allow_core_dumps: bool = False
     """Leave the sidecar, its workers and its children dumpable, with core dumps as the system sets them
     (`mrtr_keys.hardening`); by default they are not dumpable and write no core file."""
@@ -160,10 +168,17 @@ class ServiceConfig:
         h = self.heartbeat_interval
         if not (isinstance(h, int | float) and not isinstance(h, bool) and 0.05 <= h <= 3600):
             raise ConfigError("heartbeat_interval must be a number of seconds from 0.05 to 3600")
-        if self.lease is not None:
+        if self.lease is not None or self.max_fenced_out is not None:
             from mrtr_keys.codecs.fence import check_lease
 
-            check_lease(self.lease)
+            if self.lease is not None:
+                check_lease(self.lease)
+            if self.max_fenced_out is not None:
+                check_lease(self.max_fenced_out, "max_fenced_out")
+        if self.kek_check_every is not None:
+            from mrtr_keys.codecs.kek import check_every
+
+            check_every(self.kek_check_every)
         if self.instance is not None:
             from mrtr_keys.fleet.presence import instance_name
 

@@ -223,6 +223,21 @@ class RingState:
         log.info("key ring generation %d loaded (was %d)", ring.generation, old.ring.generation)
         return True
 
+    def kek(self) -> Any:
+        """The wrapping-key check (`mrtr_keys.codecs.kek.KekCheck`) of a codec of the current snapshot: the one
+        failing closed if any, else one that could not reach the key, else any; None for a ring without one."""
+        checks = [k for c in list(self.snapshot.codecs.values()) if (k := getattr(c, "kek", None)) is not None]
+        return (
+            next((k for k in checks if k.closed), None)
+            or next((k for k in checks if k.error), None)
+            or (checks[0] if checks else None)
+        )
+
+    def kek_note(self) -> str | None:
+        """Why the wrapping key makes this ring unusable (failing closed) or unchecked (unreachable), else None."""
+        kek = self.kek()
+        return None if kek is None else kek.note()
+
     def prepare(self, audiences: Iterable[str]) -> None:
         """Open codecs for `audiences` now (errors are left for the request that needs them)."""
         snap = self.snapshot
@@ -288,7 +303,7 @@ class Keeper:
                 ring = state.ring
                 fence = core.fence
                 fenced = fence.note() if fence is not None else None  # it names the keystore error too
-                note = watcher.stuck_note() or state.refused or fenced
+                note = watcher.stuck_note() or state.refused or fenced or state.kek_note()
                 if note is None and state.error:
                     note = f"keystore: {state.error}"
                 if note is None and watcher.error:
@@ -350,7 +365,7 @@ def sidecar_fence(watcher: Any, config: Any, *, loaded_at: float | None = None) 
     lease = config.lease
     if lease is None:
         lease = default_lease(config.heartbeat_interval) if config.reload_interval > 0 else 0.0
-    return Fence(watcher, lease=lease, loaded_at=loaded_at)
+    return Fence(watcher, lease=lease, loaded_at=loaded_at, max_fenced_out=config.max_fenced_out)
 
 
 def keep_current(core: Any, config: Any) -> Keeper:

@@ -133,6 +133,10 @@ class ReadyResponse(BaseModel):
     key_usage: dict[str, Any] | None = None
     """Authenticated callers only: each usable key's seals (fleet-wide from the presence store, else this
     process's), seal budget, fraction used and, from 50 %, the warning sentence (docs/rotation.md)."""
+    wrapping_key: dict[str, Any] | None = None
+    """A KMS-envelope or Vault data-key ring's wrapping-key check (`mrtr_keys.codecs.kek`): ``wrapping_key``,
+    ``state`` (``ok``, ``unreachable``, ``revoked``, ``unchecked``), ``closed`` (why it fails closed),
+    ``closed_since``, ``error`` (an outage), ``every_seconds``, ``last_ok``, ``last_check``."""
 
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {
