@@ -101,7 +101,12 @@ def test_keys_list_shows_kids_states_and_times_never_material(keystore: FileKeys
     ring = keystore.load()
     assert data["generation"] == 2 and data["codec"] == "local"
     assert [(k["kid"], k["state"]) for k in data["keys"]] == [(k.kid, k.state.value) for k in ring.keys]
-    assert set(data["keys"][0]) == {"kid", "state", "format", "created_at", "promoted_at", "demoted_at", "retired_at"}
+    times = {"created_at", "promoted_at", "demoted_at", "retired_at"}
+    counts = {"seals", "unseals", "rejections", "budget", "used"}  # issue 36: fleet-wide, against the budget
+    assert set(data["keys"][0]) == {"kid", "state", "format", *times, *counts}
+    # No instance has reported to this ring's (not yet written) audit store: the counts are unknown, and said so.
+    assert data["seal_counts"] is None and data["keys"][0]["seals"] is None and data["keys"][0]["budget"] == 2**47
+    assert "no presence store" in data["seal_counts_note"] and "no presence store" in ok(table).out
     assert ring.primary.kid in ok(table).out
     for material in materials(keystore.path):
         assert material not in as_json.out + table.out

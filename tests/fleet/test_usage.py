@@ -179,8 +179,11 @@ def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
             reporter.run_round()
             reporter.run_round()
         said = [r.message for r in caplog.records if r.name == "mrtr_keys.usage"]
-        assert len(said) == 1 and said[0].startswith(f"key {kid} has sealed 20"), said
-        assert "of its budget of 400 (5" in said[0] and "rotate it: mrtr-keys rotate next --if-used-over 0.5" in said[0]
+        assert len(said) == 1 and said[0].startswith(f"key {kid} has used 20"), said
+        assert (
+            "of its seal budget of 400 (5" in said[0]
+            and "rotate it: mrtr-keys rotate next --if-used-over 0.5" in said[0]
+        )
         for _ in range(201):
             codec.seal(b"x")
         reporter.run_round()

@@ -75,3 +75,43 @@ def test_per_kid_counts_label_only_the_rings_kids_and_readyz_reports_the_budget(
     assert (entry["kid"], entry["state"], entry["format"], entry["budget"]) == (kid, "primary", "mk2", 2**47)
     assert entry["seals"] == 3 and "note" not in entry
     assert "key_usage" not in client.get("/readyz").json()  # only for an authenticated caller
+
+
+def test_the_budget_alerts_fire_at_half_and_past_the_budget_on_the_metrics_a_sidecar_exports(tmp_path: Path) -> None:
+    """deploy/prometheus/alerts.yaml, evaluated on this sidecar's /metrics (tests/support/promql.py): the
+    warning from 50 % of the primary's budget, the critical alert from 100 %; sealing never stops."""
+    from dataclasses import replace
+
+    import yaml
+
+    from tests.support.promql import firing
+
+    ring_path = tmp_path / "keyring.json"
+    store = FileKeystore(ring_path)
+    create_ring(store)
+    ring = store.load()
+    store.save(replace(ring.next_generation(), seal_budget=10), expected_generation=ring.generation)
+    kid = ring.primary.kid
+    _, secret = add_client(tmp_path / "clients.json", "web", audiences=["web"])
+    client = TestClient(create_app(ServiceConfig(), keystore=str(ring_path)))
+    auth = {"authorization": f"Bearer {secret}"}
+    rules = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy/prometheus/alerts.yaml").read_text())
+    exprs = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    half, spent = exprs["MrtrKeysSealBudgetHalfUsed"], exprs["MrtrKeysSealBudgetSpent"]
+
+    def seal(n: int) -> None:
+        items = [{"audience": "web", "payload": "eA"}] * n
+        assert client.post("/v1/seal/batch", json={"items": items}, headers=auth).status_code == 200
+
+    seal(4)
+    text = client.get("/metrics").text
+    assert firing(half, text) == {} and firing(spent, text) == {}
+    seal(1)
+    text = client.get("/metrics").text
+    assert firing(half, text) == {(kid,): 0.5} and firing(spent, text) == {}
+    seal(6)  # past it: still sealing
+    text = client.get("/metrics").text
+    assert firing(half, text) == {(kid,): 1.1} and firing(spent, text) == {(kid,): 1.1}
+    entry = client.get("/readyz", headers=auth).json()["key_usage"]["keys"][0]
+    # 12: readyz's own self-test sealed once more (a seal under the key like any other)
+    assert entry["note"].startswith(f"key {kid} has used 12 of its seal budget of 10 (120 %) fleet-wide: past its")

@@ -141,7 +141,7 @@ def not_due(
             why.append("has an unknown seal count (no presence store)")
         else:
             why.append(
-                f"has sealed {seals:,} of its budget of {budget:,} ({_percent(seals / budget)}), "
+                f"has used {seals:,} of its seal budget of {budget:,} ({_percent(seals / budget)}), "
                 f"not over {_percent(used_over)}"
             )
     return ChangeResult(
@@ -150,4 +150,7 @@ def not_due(
 
 
 def _percent(fraction: float) -> str:
-    return f"{fraction * 100:.3g} %"
+    """``51 %``, ``0.5 %``, ``<0.01 %`` (a budget's fraction in words; never an exponent)."""
+    if 0 < fraction < 0.0001:
+        return "<0.01 %"
+    return f"{round(fraction * 100, 2):g} %"

@@ -7,8 +7,8 @@ columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord`
 its watcher is not stuck), ``primary_format``: ``mk2``, ``mk1``, or ``sdk-v1`` for the MCP SDK's own key, and
 ``primary_seals``, ``primary_budget``, ``primary_used``: the primary's fleet-wide seals, never below the truth,
 against its seal budget). Instances of other rings in the same store, and rows whose last heartbeat is older than
-``--since`` (default 1h), are left out. Below the rows, one line gives each usable key's use of its seal budget, and
-a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
+``--since`` (default 1h), are left out. Below the head line, one line gives each usable key's use of its seal budget,
+and a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
 a revoked key, a line says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names
 the others.
 """
@@ -107,6 +107,9 @@ def status(
         del counts["stuck"]
     head = f"key ring {ring.ring_id} generation {ring.generation}" if ring else "every key ring"
     print_line(f"{head}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if ring is not None and usage is not None:
+        for line in _use_lines(ring, usage):
+            print_line(line)
     if unreachable:
         print_line(_wrap(unreachable, "  "))
     codec_w = max([5, *(len(r.codec or "-") for r in rows)])
@@ -134,9 +137,6 @@ def status(
         print_line(f"  {kid}: the MCP SDK's own key, sealing its v1. tokens (docs/migration.md)")
     if revocation is not None:
         print_line(_wrap(revocation, ""))
-    if ring is not None and usage is not None:
-        for line in _use_lines(ring, usage):
-            print_line(line)
 
 
 def _revocation(audit: Any, ring: Any) -> str | None:

@@ -81,7 +81,7 @@ def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonO
     fraction of its seal budget each key has used fleet-wide (--wide: every time, to the microsecond, revoked
     included, the format, mk2, mk1 or sdk-v1, the seals and the budget). Without a presence store (auditing off)
     there is no fleet-wide count: one line says so."""
-    from mrtr_keys.cli.output import error, print_json, print_table, short_time
+    from mrtr_keys.cli.output import print_json, print_line, print_table, short_time
 
     store = keystore(keystore_)
     ring = store.load()
@@ -90,9 +90,9 @@ def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonO
     if json_:
         doc = {"ring_id": ring.ring_id, "generation": ring.generation, "codec": ring.codec.type}
         doc["seal_counts"] = "fleet" if usage.totals is not None else None
-        print_json({**doc, "keys": rows})
         if usage.note:
-            error(usage.note)
+            doc["seal_counts_note"] = usage.note
+        print_json({**doc, "keys": rows})
         return
     title = (
         f"key ring {ring.ring_id}, generation {ring.generation}, codec {ring.codec.type}, TTL {ring.ttl_seconds:g} s"
@@ -106,16 +106,16 @@ def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonO
             [r["kid"], _state_and_format(r), *(short_time(r[c]) for c in NARROW[2:]), used_text(r["used"])]
             for r in rows
         ]
-        print_table(title, headers, table, compact=True)
+        print_table(title, headers, table, compact=True, tight=True)
     if usage.note:
-        error(usage.note)
+        print_line(usage.note)
 
 
 @app.command("show")
 def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """One key: state, times, format, its fleet-wide seal, unseal and rejection counts against its seal budget,
     whether its material is held, and the ring it belongs to."""
-    from mrtr_keys.cli.output import error, print_fields, print_json
+    from mrtr_keys.cli.output import print_fields, print_json
 
     store = keystore(keystore_)
     ring = store.load()
@@ -132,12 +132,12 @@ def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> 
     info["budget_from"] = "key" if key.budget is not None else "ring" if ring.seal_budget is not None else "format"
     info["material"] = "destroyed" if key.destroyed else ("held" if key.material or key.key_data else "none")
     info.update(ring_id=ring.ring_id, generation=ring.generation, codec=ring.codec.type)
+    if usage.note:
+        info["seal_counts_note"] = usage.note
     if json_:
         print_json(info)
     else:
         print_fields(f"key {kid}", {**info, "used": used_text(info["used"])})
-    if usage.note:
-        error(usage.note)
 
 
 @app.command("budget")

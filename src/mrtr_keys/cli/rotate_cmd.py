@@ -55,7 +55,7 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     from mrtr_keys.audit.stores.url import existing_store
     from mrtr_keys.changes.rotation import status as rotation_status
     from mrtr_keys.cli.options import root_audit
-    from mrtr_keys.cli.output import error, print_fields, print_json, print_line
+    from mrtr_keys.cli.output import print_fields, print_json, print_line
     from mrtr_keys.fleet.gates import describe, evaluate
     from mrtr_keys.fleet.usage import budget_note, read_usage
     from mrtr_keys.ring.budgets import WARN_AT
@@ -84,10 +84,10 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
             "primary_used": use["used"],
         }
     )
+    if usage.note:
+        st["seal_counts_note"] = usage.note
     if json_:
         print_json(st)
-        if usage.note:
-            error(usage.note)
         return
     print_line(st["sentence"])
     print_fields(f"rotation of {ring.ring_id}", {k: v for k, v in st.items() if k not in ("sentence", "waits")})
@@ -97,8 +97,6 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
         k_use = usage.of(ring, key.kid)
         if k_use["used"] is not None and k_use["used"] >= WARN_AT:
             print_line(budget_note(key.kid, k_use["seals"], k_use["budget"]))
-    if usage.note:
-        error(usage.note)
 
 
 def _step(

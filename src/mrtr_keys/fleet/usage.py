@@ -291,10 +291,11 @@ class UsageReporter:
 
 def budget_note(kid: str, seals: int, budget: int) -> str:
     """The one sentence about a key's use of its budget: what the warning, ``fleet status`` and ``/readyz``
-    say (e.g. ``key 1a2b3c4d has sealed 2,048 of its budget of 4,000 (51 %) fleet-wide; rotate it: mrtr-keys
-    rotate next --if-used-over 0.5``)."""
+    say (e.g. ``key 1a2b3c4d has used 2,048 of its seal budget of 4,000 (51 %) fleet-wide; rotate it: mrtr-keys
+    rotate next --if-used-over 0.5``). `seals` is the fleet-wide count, reservations included (never below the
+    seals made)."""
     fraction = seals / budget
-    head = f"key {kid} has sealed {seals:,} of its budget of {budget:,} ({math.floor(fraction * 100)} %) fleet-wide"
+    head = f"key {kid} has used {seals:,} of its seal budget of {budget:,} ({math.floor(fraction * 100)} %) fleet-wide"
     if fraction >= 1.0:
         return f"{head}: past its budget, still sealing (its seals are audited 'over-budget'); rotate it now"
     return f"{head}; rotate it: mrtr-keys rotate next --if-used-over {WARN_AT:g}"
