@@ -11,11 +11,16 @@ The fleet-wide totals live in the presence store (`mrtr_keys.fleet.usage`): its 
 in the background and reserves seals ahead; ``mark`` is the seal count at which it wants to be woken (its
 reservation is running low), so a burst never waits for its next round. `over_budget` holds the kids whose
 fleet-wide seals passed their budget: their seals carry an audit reason (`OVER_BUDGET`).
+
+``MRTR_KEYS_SEAL_COUNTS=off`` (`ENV_SEAL_COUNTS`, read when a ring is first counted) turns counting off, to
+measure what it costs (``make bench``, part ``sidecar_load``): every tally is then inert and nothing is reported,
+so no budget is watched anywhere. Never in production.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -26,6 +31,8 @@ OVER_BUDGET = "over-budget"
 """Audit reason of a seal by a key whose fleet-wide seals passed its budget (sealing never stops)."""
 NEVER = 2**62
 """A ``mark`` no count reaches: nobody to wake."""
+ENV_SEAL_COUNTS = "MRTR_KEYS_SEAL_COUNTS"
+"""``off`` turns counting off (see the module docstring)."""
 
 over_budget: set[str] = set()
 """Kids (8 hex) whose fleet-wide seal count has passed their budget, as this process's reporter last read it."""
@@ -143,14 +150,41 @@ class RingUsage:
             listener()
 
 
+class _Inert(KidTally):
+    """A tally that counts nothing (counting off): every call returns 0."""
+
+    __slots__ = ()
+
+    def __init__(self, kid: str) -> None:
+        super().__init__(kid, lambda: None)
+        self.seal = self.unseal = self.reject = int  # a C call that returns 0 and keeps nothing
+
+
+class _InertUsage(RingUsage):
+    def __init__(self) -> None:
+        super().__init__("")
+        self.unknown = _Inert(UNKNOWN)
+
+    def kid(self, kid: str) -> KidTally:
+        return self.unknown
+
+
 _rings: dict[str, RingUsage] = {}
 _rings_lock = threading.Lock()
+_OFF = _InertUsage()
+
+
+def enabled() -> bool:
+    """False when ``MRTR_KEYS_SEAL_COUNTS=off`` (`ENV_SEAL_COUNTS`)."""
+    return os.environ.get(ENV_SEAL_COUNTS, "").strip().lower() != "off"
 
 
 def usage_for(ring_id: str) -> RingUsage:
-    """This process's `RingUsage` of ring `ring_id` (made on first use)."""
+    """This process's `RingUsage` of ring `ring_id` (made on first use; an inert one with counting off)."""
     usage = _rings.get(ring_id)
     if usage is None:
+        if not enabled():
+            return _OFF
         with _rings_lock:
             usage = _rings.setdefault(ring_id, RingUsage(ring_id))
     return usage

@@ -51,6 +51,7 @@ from mrtr_keys.fleet.instances import (
     instance_name,
     read_instances,
 )
+from mrtr_keys.codecs.usage import enabled as counting_enabled
 from mrtr_keys.fleet.usage import UsageReporter
 from mrtr_keys.keystores.watch import STUCK_NOTE
 from mrtr_keys.version import __version__
@@ -133,7 +134,9 @@ class Presence:
         use; `stop` writes its final counts before the ``stopped`` row."""
         with self._lock:
             if self._usage is None:
-                self._usage = UsageReporter(self.store, instance=self.name).start()
+                self._usage = UsageReporter(self.store, instance=self.name)
+                if counting_enabled():
+                    self._usage.start()
             return self._usage
 
     def add(self, source: Source) -> None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
-from mrtr_keys.codecs.usage import NEVER, KidTally, over_budget, usage_for
+from mrtr_keys.codecs.usage import NEVER, KidTally, enabled, over_budget, usage_for
 from mrtr_keys.errors import AuditError
 from mrtr_keys.ring.budgets import WARN_AT, block_of, budget_of
 from mrtr_keys.ring.model import KeyRing, KeyState
@@ -115,7 +115,10 @@ class UsageReporter:
 
     def watch(self, source: RingSource) -> None:
         """Report on the ring `source` returns too, and run a round now (synchronously, bounded by the store's
-        deadline), so the primary holds a reservation before the first token is sealed."""
+        deadline), so the primary holds a reservation before the first token is sealed. Nothing with counting
+        off (`mrtr_keys.codecs.usage.ENV_SEAL_COUNTS`)."""
+        if not enabled():
+            return
         with self._lock:
             self._sources.append(source)
         self.run_round()
