@@ -35,6 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.codecs.usage import enabled as counting_enabled
 from mrtr_keys.errors import AuditError
 from mrtr_keys.fleet.instances import (
     DEFAULT_HEARTBEAT,
@@ -51,7 +52,6 @@ from mrtr_keys.fleet.instances import (
     instance_name,
     read_instances,
 )
-from mrtr_keys.codecs.usage import enabled as counting_enabled
 from mrtr_keys.fleet.usage import UsageReporter
 from mrtr_keys.keystores.watch import STUCK_NOTE
 from mrtr_keys.version import __version__
