@@ -66,3 +66,12 @@ def test_settling_folds_sources_once_even_when_two_settle_together(store: Any, r
     assert totals(rows)["aaaaaaaa"].seals == before  # folded, never lost nor counted twice
     assert store.settle_usage(ring, source="live#1") == 1
     assert [r.source for r in store.usage_rows(ring)] == [SETTLED]
+
+
+def test_a_settled_reservation_keeps_its_block(store: Any, ring: str) -> None:
+    """A killed process's row (reserved 100, sealed 40) folded into the settled row: seals - blocks is still a
+    count that was true, so the fleet total stays at most the blocks above the truth."""
+    store.put_usage([_row(ring, "killed#1", 100, 40, T9)])
+    store.settle_usage(ring, before=T10)
+    t = totals(store.usage_rows(ring))["aaaaaaaa"]
+    assert (t.seals, t.sealed, t.blocks) == (100, 40, 60)

@@ -195,3 +195,15 @@ def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
     finally:
         over_budget.discard(kid)
         codec.presence.stop()
+
+
+def test_a_process_that_stops_before_it_seals_gives_its_reservation_back(fleet: Any) -> None:
+    """A process that reserved ahead (at start) and stopped without sealing: its final round writes 0, so the
+    settled row holds nothing it never sealed (a port-taken restart does this)."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    assert _totals(store, codec)[codec.ring.primary.kid].seals == MIN_BLOCK
+    reporter.stop()
+    t = _totals(store, codec)[codec.ring.primary.kid]
+    assert (t.seals, t.sealed, t.blocks) == (0, 0, 0)

@@ -217,7 +217,7 @@ class UsageReporter:
             elif not final and not quiet:  # no longer a sealer but still sealing (in flight): keep what it has
                 seals = max(st.reserved, sealed)
             values = (seals, sealed, unseals, rejections)
-            if values != st.written and (sealed or unseals or rejections or seals):
+            if values != st.written and (st.written is not None or any(values)):  # a row to write, or to correct
                 rows.append(
                     UsageRow(
                         ring.ring_id,

@@ -12,8 +12,8 @@ own process writes a row, always whole (absolute values, so a retry after an unk
 
 The fleet-wide total of a kid is the sum over its rows (`totals`). Rows of sources that stopped, or that
 have not written for a long while, are settled into the kid's one ``SETTLED`` row (`SQLKeyUsage.settle_usage`),
-their counts added as they stand (a killed process's reservation included: never below the truth), so the
-table stays about as small as the fleet. The table is created on any open that lacks it (like
+their counts added as they stand (a killed process's reservation included: never below the truth, and its
+``block`` too, so ``seals - block`` stays a count that was true), so the table stays about as small as the fleet. The table is created on any open that lacks it (like
 ``store_meta``): it needs no schema version, and releases before it ignore it.
 """
 
@@ -144,7 +144,7 @@ def settle_rows(
             base.sealed + r.sealed,
             base.unseals + r.unseals,
             base.rejections + r.rejections,
-            0,
+            base.block + r.seals - r.sealed,
             max(base.updated, r.updated),
             STOPPED,
         )
@@ -227,15 +227,16 @@ class SQLKeyUsage:
                 for i, v in enumerate(counts):
                     m[i] += int(v)
                 m[4] = max(m[4], str(updated))
-            adds = ", ".join(f"{c} = key_usage.{c} + excluded.{c}" for c in _COUNTS)
+            adds = ", ".join(f"{c} = key_usage.{c} + excluded.{c}" for c in (*_COUNTS, "block"))
             sql = (
                 f"INSERT INTO key_usage ({', '.join(USAGE_COLUMNS)}) "  # noqa: S608 - fixed names
                 f"VALUES ({', '.join([p] * len(USAGE_COLUMNS))}) "
                 f"ON CONFLICT (ring_id, kid, source) DO UPDATE SET {adds}, updated = excluded.updated"
             )
             for kid, (seals, sealed, unseals, rejections, updated) in merged.items():
+                block = seals - sealed  # a killed process's unused reservation: still at most this above the truth
                 row = UsageRow(
-                    ring_id, kid, SETTLED, SETTLED, seals, sealed, unseals, rejections, 0, updated, "stopped"
+                    ring_id, kid, SETTLED, SETTLED, seals, sealed, unseals, rejections, block, updated, STOPPED
                 )
                 cur.execute(sql, row.row())
             return len(gone)
