@@ -13,8 +13,9 @@ own process writes a row, always whole (absolute values, so a retry after an unk
 The fleet-wide total of a kid is the sum over its rows (`totals`). Rows of sources that stopped, or that
 have not written for a long while, are settled into the kid's one ``SETTLED`` row (`SQLKeyUsage.settle_usage`),
 their counts added as they stand (a killed process's reservation included: never below the truth, and its
-``block`` too, so ``seals - block`` stays a count that was true), so the table stays about as small as the fleet. The table is created on any open that lacks it (like
-``store_meta``): it needs no schema version, and releases before it ignore it.
+``block`` too, so ``seals - block`` stays a count that was true), so the table stays about as small as the
+fleet. The table is created on any open that lacks it (like ``store_meta``): it needs no schema version, and
+releases before it ignore it.
 """
 
 from __future__ import annotations
