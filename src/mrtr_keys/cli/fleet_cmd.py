@@ -7,8 +7,8 @@ columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord`
 its watcher is not stuck), ``primary_format``: ``mk2``, ``mk1``, or ``sdk-v1`` for the MCP SDK's own key, and
 ``primary_seals``, ``primary_budget``, ``primary_used``: the primary's fleet-wide seals, never below the truth,
 against its seal budget). Instances of other rings in the same store, and rows whose last heartbeat is older than
-``--since`` (default 1h), are left out. Below the head line, one line gives each usable key's use of its seal budget,
-and a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
+``--since`` (default 1h), are left out. Below the rows, one line gives each usable key's use of its seal budget, and
+a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
 a revoked key, a line says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names
 the others.
 """
@@ -107,9 +107,6 @@ def status(
         del counts["stuck"]
     head = f"key ring {ring.ring_id} generation {ring.generation}" if ring else "every key ring"
     print_line(f"{head}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    if ring is not None and usage is not None:
-        for line in _use_lines(ring, usage):
-            print_line(line)
     if unreachable:
         print_line(_wrap(unreachable, "  "))
     codec_w = max([5, *(len(r.codec or "-") for r in rows)])
@@ -131,6 +128,9 @@ def status(
         print_line(_row(cells, widths))
         if r.note and r.status(now) != "stopped":
             notes.append(_wrap(f"{r.name}: {r.note}", "  "))
+    if ring is not None and usage is not None:
+        for line in _use_lines(ring, usage):
+            print_line(line)
     for note in notes:
         print_line(note)
     for kid in sorted({r.primary_kid for r in rows if r.primary_kid and formats.get(r.primary_kid) == "sdk-v1"}):
