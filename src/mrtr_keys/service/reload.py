@@ -313,7 +313,15 @@ class Keeper:
                 return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 
             presence.add(view)
-            watcher.on_switch = presence.beat_soon  # the heartbeat thread writes: a silent store never holds a reload
+            usage = core.usage = presence.usage()
+            usage.watch(lambda: state.ring)  # one round now: the primary is reserved before the first seal
+            beat = presence.beat_soon
+
+            def on_switch() -> None:  # threads of their own write: a silent store never holds a reload
+                beat()
+                usage.wake()
+
+            watcher.on_switch = on_switch
             core.presence = presence
             if config.audit_retention:
                 core.retention = sidecar_retention(store.url, state, config)
