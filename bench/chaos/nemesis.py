@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.chaos import fleet
 from bench.chaos.fleet import Links, Member
-from bench.chaos.schedule import Fault, Schedule
+from bench.chaos.schedule import RING_KINDS, Fault, Schedule
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Nemesis:
     """Plays `schedule` on `members` / `links` / the state directory (see the module docstring).
 
     Args:
-        ring_race: runs the ring race (two ring writes at once); returns its note.
+        ring: runs a fault on the key ring itself (`bench.chaos.ring_faults`); returns its note.
         disk_full: False where the state directory is not a file system of its own (the fault is then
             recorded as not applied).
     """
@@ -84,7 +84,7 @@ class Nemesis:
         links: Links,
         state: Path,
         *,
-        ring_race: Callable[[], str],
+        ring: Callable[[Fault], str],
         disk_full: bool,
         log: Callable[[str], None] = print,
     ) -> None:
@@ -92,7 +92,7 @@ class Nemesis:
         self.members = members
         self.links = links
         self.state = state
-        self.ring_race = ring_race
+        self.ring = ring
         self.disk_full = disk_full
         self.log = log
         self.timeline = Timeline()
@@ -167,8 +167,8 @@ class Nemesis:
             a.note = f"{fleet.fill_disk(self.state)} bytes written"
             self._hold(fault.duration)
             fleet.free_disk(self.state)
-        elif kind == "ring_race":
-            a.note = self.ring_race()
+        elif kind in RING_KINDS:
+            a.note = self.ring(fault)
         else:
             self._link(fault)
 

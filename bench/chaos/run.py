@@ -28,7 +28,8 @@ from bench.chaos.checker import Checker
 from bench.chaos.fleet import AUDIENCE, Deps, Links, Member
 from bench.chaos.nemesis import Nemesis, Timeline
 from bench.chaos.probes import Prober
-from bench.chaos.rotator import CHANGED, Rotator
+from bench.chaos.ring_faults import RingFaults
+from bench.chaos.rotator import Rotator
 from bench.chaos.schedule import KINDS, Schedule, make_schedule
 from bench.chaos.traffic import Traffic
 from bench.chaos.typescript import TsClients
@@ -82,8 +83,6 @@ class Run:
     """Seconds each part of the run took: setup, faults, ending, checks."""
     closers: list[Any] = field(default_factory=list)
     """Every started component's stop (idempotent), run in reverse at the end even after an error."""
-    races: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def log(self, line: str) -> None:
         if not self.config.quiet:
@@ -119,35 +118,6 @@ def _schedule(config: Config, names: list[str]) -> Schedule:
         longest=config.longest,
         killable=spare,
     )
-
-
-def ring_race(run: Run, checker: Checker) -> str:
-    """``rotate next`` and ``audience add race-N`` at once (and ``audience remove`` of the previous one)."""
-    with run.lock:
-        run.races += 1
-        n = run.races
-    results: dict[str, Any] = {}
-
-    def one(key: str, *args: str) -> None:
-        results[key] = run_cli(*args, "--json", env=run.env(), timeout=120)
-
-    threads = [
-        threading.Thread(target=one, args=("next", "rotate", "next")),
-        threading.Thread(target=one, args=("add", "audience", "add", f"race-{n}")),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(130)
-    if n > 1:
-        one("remove", "audience", "remove", f"race-{n - 1}")
-    notes = []
-    for key, res in results.items():
-        notes.append(f"{key}: exit {res.code}")
-        ok = res.code in (0, 75) or (res.code == 1 and CHANGED in res.err)
-        if not ok:
-            checker.report(time.time(), f"ring write racing a rotation ({key}) exited {res.code}", res.err + res.out)
-    return ", ".join(notes)
 
 
 def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
@@ -214,9 +184,9 @@ def _run(
     presence = _presence_reader(r.deps.pg_url)
     timeline = Timeline()
     checker = Checker(r.members, timeline, config.ttl, lateness)
-    nemesis = Nemesis(
-        schedule, r.members, links, r.state, ring_race=lambda: ring_race(r, checker), disk_full=disk, log=r.log
-    )
+    ring = RingFaults(r.env, checker.report)
+    checker.revoked = ring.revoked
+    nemesis = Nemesis(schedule, r.members, links, r.state, ring=ring.run, disk_full=disk, log=r.log)
     nemesis.timeline = timeline
     r.log(f"[chaos] schedule: seed {schedule.seed}, {len(schedule.faults)} faults")
     for fault in schedule.faults:
