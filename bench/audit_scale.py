@@ -48,13 +48,15 @@ from bench.services import Services
 
 PART = "audit_scale"
 REPO = Path(__file__).resolve().parents[1]
+KEY_ENV: dict[str, str] = {}
+"""``MRTR_KEYS_AUDIT_KEY_FILE`` of the run: the fleet audit key the logs are filled and verified with."""
 
 
 def _cli(*args: str, codes: tuple[int, ...] = (0, 1)) -> tuple[dict[str, object], float, int]:
     """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process (exit code
     in `codes`)."""
     code = "import sys\nfrom mrtr_keys.cli.main import run\nsys.argv = ['mrtr-keys', *sys.argv[1:]]\nrun()\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")} | KEY_ENV
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, env=env, cwd=REPO)
@@ -159,13 +161,17 @@ def run(services: Services, settings: Settings) -> list[Row]:
     rows: list[Row] = []
     rss: dict[int, int] = {}
     looks: dict[int, dict[str, float]] = {}
+    key_file = services.workdir / "audit-scale.key"
+    key_file.write_bytes(os.urandom(32))
+    key_file.chmod(0o600)
+    KEY_ENV["MRTR_KEYS_AUDIT_KEY_FILE"] = str(key_file)
     for n in sizes:
         directory = services.workdir / f"audit-scale-{n}"
         directory.mkdir(exist_ok=True)
         db = directory / "audit.db"
         url = f"sqlite://{db}"
         started = time.perf_counter()
-        fill(url, n)
+        fill(url, n, audit_key=key_file.read_bytes())
         fill_rate = n / (time.perf_counter() - started)
         size_mb = sum(p.stat().st_size for p in directory.glob("audit.db*")) / 2**20
         cps = str(directory / "checkpoints.jsonl")

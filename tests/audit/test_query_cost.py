@@ -14,6 +14,8 @@ from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 EVENTS = 2_600
 
 
