@@ -11,30 +11,45 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test fast lint bench clean ts-test
+.PHONY: run test fast lint lock deps-audit sbom bench clean ts-test
 
 # Some hosts set PYTHONDONTWRITEBYTECODE=1: then every test worker, CLI run and server recompiles the package
 # and pytest rewrites every test module again (about 4 s of CPU per worker). Compiled files stay in __pycache__.
 unexport PYTHONDONTWRITEBYTECODE
 
-# uv (from PyPI, into the venv) installs the same versions as pip in about a third of the time (parallel
-# downloads, a shared cache), and compiles the bytecode pip would; without it (an offline mirror), pip does it.
-$(STAMP): pyproject.toml
+# .venv holds exactly what uv.lock says (every extra and dependency group, each artifact checked against its sha256):
+# the locked uv is bootstrapped with pip from requirements/uv.txt (hashed), then `uv sync --frozen` installs the
+# rest without resolving anything, and builds the project with the locked setuptools (no build isolation, so the
+# build backend is locked too). Where uv cannot be had (an offline mirror without it), pip installs the same pins
+# and hashes from requirements/all.txt. `make lock` refreshes the lock and the files made from it (tools/lock.py);
+# `make lint` fails while pyproject.toml and uv.lock disagree.
+UV_SYNC = UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync --quiet --frozen --all-extras --all-groups --python $(BIN)/python
+$(STAMP): pyproject.toml uv.lock requirements/all.txt requirements/uv.txt
 	$(PYTHON) -m venv $(VENV)
-	if $(BIN)/pip install --quiet uv 2>/dev/null; then \
-		$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e '.[all,dev]'; \
+	if $(BIN)/pip install --quiet --require-hashes --no-deps -r requirements/uv.txt 2>/dev/null; then \
+		$(UV_SYNC) --no-install-project && $(UV_SYNC) --no-build-isolation --compile-bytecode; \
 	else \
-		$(BIN)/pip install --quiet -e '.[all,dev]'; \
+		echo "uv could not be installed: pip installs requirements/all.txt (the same pins and hashes)"; \
+		$(BIN)/pip install --quiet --require-hashes -r requirements/all.txt \
+			&& $(BIN)/pip install --quiet --no-deps --no-build-isolation -e .; \
 	fi
 	touch $(STAMP)
+
+# make lock LOCK_ARGS=--upgrade moves every pin to the newest release pyproject.toml allows
+lock: $(STAMP)
+	$(BIN)/python tools/lock.py write $(LOCK_ARGS)
 
 run: $(STAMP)
 	$(BIN)/python -m mrtr_keys.run
 
+# the lock agrees with pyproject.toml, the layer rule, the threat model's test ids (each one docs/security.md
+# names is collected and not skipped), ruff and mypy
 lint: $(STAMP)
+	@$(BIN)/python tools/lock.py check
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_architecture.py
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/python -m tests.docs.security_ids
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/mypy
 
 # the suite mostly waits on subprocess servers and gates: six workers keep both cores busy (worksteal
@@ -82,3 +97,14 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mrtr
+
+# known vulnerabilities in the locked set (pip-audit over requirements/all.txt against OSV; npm audit --omit=dev over
+# clients/typescript's lockfile): a finding fails unless osv-scanner.toml holds a reviewed, unexpired exception; a
+# service that cannot be reached is one line and passes (tools/deps_audit.py, docs/supply-chain.md). .ci/run runs it.
+deps-audit: $(STAMP)
+	$(BIN)/python tools/deps_audit.py $(AUDIT_ARGS)
+
+# CycloneDX JSON of the locked Python set and the TypeScript package: build/sbom/python.cdx.json and
+# typescript.cdx.json (tools/sbom.py); the image build copies them in (Dockerfile)
+sbom: $(STAMP)
+	$(BIN)/python tools/sbom.py

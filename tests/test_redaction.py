@@ -16,6 +16,7 @@ from mrtr_keys.logs import JsonFormatter, ScrubbingFormatter
 from mrtr_keys.replay.store import open_store as open_replay_store
 from mrtr_keys.urls import redact, scrub
 from tests.fixtures.audit import cli
+from tests.fixtures.codec_contract import ring_secrets
 from tests.support.net import refused_port
 from tests.support.proxy import CountingProxy
 
@@ -77,7 +78,7 @@ def test_serve_reads_the_replay_store_from_the_environment(
     _secret_free(result.out + result.err, "Env-Secret%40x", "Env-Secret@x")
 
 
-def test_a_sidecar_whose_stores_are_down_shows_no_password_anywhere(
+def test_a_sidecar_whose_stores_are_down_shows_no_password_or_key_anywhere(
     keystore_path: Path,
     tmp_path: Path,
     sidecar_factory: Any,
@@ -87,7 +88,9 @@ def test_a_sidecar_whose_stores_are_down_shows_no_password_anywhere(
     it); the audit store is cut after the start, the replay store refuses connections. The password is not
     in ``/readyz`` (anonymous or authenticated: the error text goes to an authenticated caller, redacted),
     ``/metrics``, an answer, the log, nor the environment or command line of the sidecar or its children
-    (the audit writer child)."""
+    (the audit writer child). Nor is any key material (issue 39): the ring's keys, the audit key and the
+    client's secret appear in none of those, nor in any file of the state directory but the one that keeps
+    each (the ring file; ``audit.key``; the registry keeps only a hash of the secret)."""
     # "@", ":" and non-ASCII, percent-encoded (a bare "%" cannot start: libpq refuses the URL, the CLI test above);
     # not a parameter: the sidecar's environment holds PYTEST_CURRENT_TEST, the test's id
     written, plain = PASSWORDS[1]
@@ -129,6 +132,28 @@ def test_a_sidecar_whose_stores_are_down_shows_no_password_anywhere(
     assert "***" in texts["log"]  # the stores' errors were logged, redacted
     for where, text in texts.items():
         assert written not in text and plain not in text, where
+    audit_key = (keystore_path.parent / "audit.key").read_bytes()
+    keys = {"ring": ring_secrets(keystore_path), "audit key": _encodings(audit_key), "client secret": (secret,)}
+    kept = {"ring": keystore_path.name, "audit key": "audit.key"}
+    files = {
+        f"state dir: {p.name}": p.read_bytes().decode("latin-1") for p in keystore_path.parent.rglob("*") if p.is_file()
+    }
+    for what, forms in keys.items():
+        for where, text in {**texts, **files}.items():
+            if where != f"state dir: {kept.get(what)}":
+                assert not any(form in text for form in forms), (what, where)
+
+
+def _encodings(key: bytes) -> tuple[str, ...]:
+    """`key` as a secret sweep looks for it: raw, hex, standard and urlsafe base64."""
+    import base64
+
+    return (
+        key.decode("latin-1"),
+        key.hex(),
+        base64.b64encode(key).decode(),
+        base64.urlsafe_b64encode(key).decode().rstrip("="),
+    )
 
 
 def _descendants(pid: int) -> list[int]:

@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.version import __version__ as __version__
 
-__all__ = ["LocalAESGCMCodec", "open_codec", "open_keystore", "request_state_security"]
+__all__ = ["LocalAESGCMCodec", "harden_process", "open_codec", "open_keystore", "request_state_security"]
 
 if TYPE_CHECKING:
     from mrtr_keys.codecs.local import LocalAESGCMCodec
     from mrtr_keys.factory import open_codec, request_state_security
+    from mrtr_keys.hardening import harden_process
     from mrtr_keys.keystores import open_keystore
 
 _LAZY = {
     "request_state_security": "mrtr_keys.factory",
     "open_codec": "mrtr_keys.factory",
+    "harden_process": "mrtr_keys.hardening",
     "open_keystore": "mrtr_keys.keystores",
     "LocalAESGCMCodec": "mrtr_keys.codecs.local",
 }

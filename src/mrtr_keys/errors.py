@@ -7,6 +7,10 @@ Library code raises these; only the CLI turns them into messages and exit codes
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import unquote
 
 from mrtr_keys.urls import scrub
@@ -35,6 +39,10 @@ class AudienceError(ConfigError):
 
 class KeyRingError(MrtrKeysError):
     """A key ring document is invalid: duplicate kid, no or two primaries, bad material, bad JSON."""
+
+
+class UnknownKid(MrtrKeysError):
+    """A command named a kid the key ring does not hold (``keys revoke``; exit 1)."""
 
 
 class KeystoreError(MrtrKeysError):
@@ -95,6 +103,12 @@ class BackendUnavailable(MrtrKeysError):
     """
 
 
+class WrappingKeyRevoked(MrtrKeysError):
+    """The wrapping key of a data-key ring (a KMS key, a Vault transit key) answered that it is disabled,
+    deleted or denied to this instance: the codec fails closed until it answers again (`mrtr_keys.codecs.kek`).
+    Not a `BackendUnavailable`: an outage keeps the instance serving, this does not."""
+
+
 class UnwrapError(MrtrKeysError):
     """A wrapped data key could not be unwrapped (wrong context, wrong key, corrupted, denied)."""
 
@@ -127,3 +141,32 @@ def refuse_nul(text: str, what: str) -> None:
     would raise a bare `ValueError`. Every URL or path that names a file goes through it first."""
     if "\x00" in text or "\x00" in unquote(text):
         raise ConfigError(f"{what} cannot contain a NUL byte")
+
+
+def keywords_of(*functions: Callable[..., Any]) -> frozenset[str]:
+    """The names of the keyword arguments `functions` take (``self`` and ``**kwargs`` left out)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(
+        name
+        for fn in functions
+        for name, param in inspect.signature(fn).parameters.items()
+        if param.kind in kinds and name != "self"
+    )
+
+
+def check_keywords(given: Iterable[str], valid: Iterable[str], where: str) -> None:
+    """Refuse a keyword argument that `where` (an entry point's name) does not take: a misspelled
+    security setting (``reload_evry=3``) must not pass unseen (issue 39).
+
+    Raises:
+        ConfigError: ``WHERE got an unknown keyword NAME= (the closest it takes is OTHER=)``, for the
+            first unknown name in sorted order; the closest is by `difflib` similarity.
+    """
+    known = sorted(set(valid))
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    name = unknown[0]
+    closest = difflib.get_close_matches(name, known, n=1, cutoff=0.0)
+    hint = f" (the closest it takes is {closest[0]}=)" if closest else ""
+    raise ConfigError(f"{where} got an unknown keyword {name}={hint}")

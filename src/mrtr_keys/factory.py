@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 from mcp.server.mcpserver import RequestStateSecurity
 
-from mrtr_keys.backends import Codec, backend_for
+from mrtr_keys.backends import ALL_BACKEND_OPTIONS, Codec, backend_for
 from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.codecs.pin import RingPin
+from mrtr_keys.errors import ConfigError, check_keywords, keywords_of
 from mrtr_keys.keystores import Keystore, as_keystore
 from mrtr_keys.replay import defer_observer, with_single_use
 
@@ -30,6 +31,8 @@ def open_codec(
     instance: str | None = None,
     heartbeat_every: float | None = None,
     lease: float | None = None,
+    max_fenced_out: float | None = None,
+    expect_codec: str | None = None,
     **backend_options: Any,
 ) -> Codec:
     """The codec the stored ring records (local, KMS, Vault transit), opened for `audience`, that
@@ -48,22 +51,43 @@ def open_codec(
     seconds have passed since its last successful keystore check (a pause, an outage), a seal or unseal
     first checks the keystore; and an unseal that meets an unknown kid looks at the keystore once
     (at most once a second) before refusing. `lease` defaults to the gates' staleness window, 3 x
-    `heartbeat_every` (30 s), or 0 (off) when `reload_every` is 0; 0 turns it off.
+    `heartbeat_every` (30 s), or 0 (off) when `reload_every` is 0; 0 turns it off. `max_fenced_out`
+    (seconds, default None: off) caps how long it serves fenced out: past it, seals raise and unseals are
+    refused (reason ``fenced out too long``) until a keystore check succeeds again.
+
+    A KMS-envelope or Vault data-key codec also re-checks its wrapping key every ``kek_check_every=``
+    seconds (a backend option: default ``MRTR_KEYS_KEK_CHECK_EVERY``, else 300; 0: off) and fails closed
+    while it is disabled or denied (`mrtr_keys.codecs.kek`; its ``kek`` attribute). Every token the codec
+    refuses is counted in ``mrtr_keys_rejections_total{reason}`` (prometheus-client's default registry).
+
+    With `expect_codec` (``local``, ``kms``, ``vault-transit``; default ``MRTR_KEYS_EXPECT_CODEC``) or a
+    KMS key pin (``kms_key_id=``, default ``MRTR_KEYS_KMS_KEY_ID``), a ring of another codec type or KMS
+    key is refused: here with `ConfigError`, on reload like an older generation (the last good ring
+    stays; `reload_refused` says why). See `mrtr_keys.codecs.pin`.
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: no usable ring at `keystore`.
         AudienceError: `audience` outside the ring's scope.
         BackendUnavailable, UnwrapError: the ring's backend cannot give its keys.
-        ConfigError: a bad `reload_every`, `heartbeat_every`, `lease` or `instance`.
+        ConfigError: a bad `reload_every`, `heartbeat_every`, `lease`, `max_fenced_out`, `kek_check_every`,
+            `instance` or `expect_codec`; a ring the pin refuses; a keyword that neither this function nor any
+            backend takes (named with the closest one it takes).
     """
+    check_keywords(backend_options, keywords_of(open_codec) | ALL_BACKEND_OPTIONS, "open_codec()")
     from mrtr_keys.codecs.fence import check_lease
     from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval, lease_clock
 
     interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
     lease = None if lease is None else check_lease(lease)
+    max_fenced_out = None if max_fenced_out is None else check_lease(max_fenced_out, "max_fenced_out")
+    if "kek_check_every" in backend_options:
+        from mrtr_keys.codecs.kek import check_every
+
+        backend_options["kek_check_every"] = check_every(backend_options["kek_check_every"])
     store = as_keystore(keystore)
     loaded_at = lease_clock()
-    codec = build_codec(store, audience=audience, observer=observer, **backend_options)
+    pin = RingPin.from_settings(expect_codec, backend_options.get("kms_key_id"))
+    codec = build_codec(store, audience=audience, observer=observer, pin=pin, **backend_options)
     if callable(getattr(codec, "reload", None)):
         _keep_current(
             codec,
@@ -74,17 +98,39 @@ def open_codec(
             heartbeat_every=heartbeat_every,
             lease=lease,
             loaded_at=loaded_at,
+            max_fenced_out=max_fenced_out,
         )
     return codec
 
 
 def build_codec(
-    keystore: Keystore, *, audience: str, observer: CodecObserver | None = None, **backend_options: Any
+    keystore: Keystore,
+    *,
+    audience: str,
+    observer: CodecObserver | None = None,
+    pin: RingPin | None = None,
+    **backend_options: Any,
 ) -> Codec:
-    """`open_codec` without the watcher and presence (the sidecar, which watches its ring itself)."""
+    """`open_codec` without the watcher and presence (the sidecar, which watches its ring itself).
+
+    With a `pin`, the stored ring is checked before its backend is chosen, and the ring the codec loaded
+    is checked again (the keystore may have changed in between); the codec keeps the pin for its reloads.
+
+    Raises:
+        ConfigError: the pin refuses the ring; and whatever the backend raises opening its codec.
+    """
     ring = keystore.load()
+    if pin:
+        pin.check(ring)
     backend = backend_for(ring.codec, **backend_options)
-    return backend.open_codec(keystore, audience=audience, observer=observer)
+    codec = backend.open_codec(keystore, audience=audience, observer=observer)
+    if pin:
+        loaded = getattr(codec, "ring", None)
+        if loaded is not None and loaded is not ring:
+            pin.check(loaded)
+        with contextlib.suppress(AttributeError):
+            codec.pin = pin  # type: ignore[attr-defined]
+    return codec
 
 
 def _keep_current(
@@ -97,8 +143,10 @@ def _keep_current(
     heartbeat_every: float | None,
     lease: float | None,
     loaded_at: float,
+    max_fenced_out: float | None = None,
 ) -> None:
-    """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store."""
+    """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store;
+    count its rejections (and its wrapping key's checks) in prometheus-client's default registry."""
     from mrtr_keys.keystores.watch import watch_codec
 
     presence = None
@@ -112,9 +160,13 @@ def _keep_current(
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
         fence = _fence(codec, store, watcher, presence, interval=interval, lease=lease, loaded_at=loaded_at)
+        fence.max_fenced_out = max_fenced_out or None
         fence.on_fenced = getattr(observer, "fenced", None)  # ok events served fenced out carry the reason
         fence.on_served = fenced_out_counter().inc
         codec.fence = fence  # type: ignore[attr-defined]
+        codec.on_rejected = count_rejection  # type: ignore[attr-defined]
+    if getattr(codec, "kek", None) is not None:
+        library_kek_metrics()
     if presence is not None:
         from mrtr_keys.fleet.presence import codec_source
 
@@ -140,6 +192,44 @@ def fenced_out_counter() -> Any:
                 "keystore check failed (mrtr_keys.codecs.fence).",
             )
         return _fenced_out
+
+
+_rejections: Any = None
+_kek_metrics = False
+
+
+def count_rejection(reason: str) -> None:
+    """Count one refused token in ``mrtr_keys_rejections_total{reason}`` (prometheus-client's default registry;
+    the reason codes are the codecs' fixed ones, ``unknown kid``, ``revoked kid``, ...; capped at 32 characters
+    like the sidecar's ``mrtr_sidecar_rejections_total``)."""
+    global _rejections
+    counter = _rejections
+    if counter is None:
+        with _fenced_out_lock:
+            if _rejections is None:
+                from prometheus_client import Counter
+
+                _rejections = Counter(
+                    "mrtr_keys_rejections", "Tokens library codecs refused, by reason code.", ("reason",)
+                )
+            counter = _rejections
+    counter.labels(reason[:32]).inc()
+
+
+def library_kek_metrics() -> None:
+    """Register, once, the wrapping-key check's metrics in prometheus-client's default registry
+    (`mrtr_keys.codecs.kek`): ``mrtr_keys_wrapping_key_checks_total{result}`` and
+    ``mrtr_keys_wrapping_key_state`` (the worst of this process's codecs: 0 ok, 1 unreachable, 2 revoked)."""
+    global _kek_metrics
+    with _fenced_out_lock:
+        if _kek_metrics:
+            return
+        from prometheus_client import REGISTRY
+
+        from mrtr_keys.codecs.kek import KekCollector
+
+        REGISTRY.register(KekCollector("mrtr_keys"))
+        _kek_metrics = True
 
 
 def _fence(
@@ -215,17 +305,23 @@ def request_state_security(
             0 = off), and the backend's client settings.
 
     Raises:
-        ConfigError: `ttl` not positive, or longer than the ring's TTL; and everything `open_codec` raises.
+        ConfigError: `ttl` not positive, or longer than the ring's TTL; a keyword that the chosen codec
+            does not take (named with the closest one); and everything `open_codec` raises.
     """
     if not (isinstance(ttl, int | float) and math.isfinite(ttl) and ttl > 0):
         raise ConfigError("ttl must be a positive finite number of seconds")
     if sidecar is None and keystore is None:
         sidecar = os.environ.get(ENV_SIDECAR_URL) or None
     if sidecar is not None:
-        from mrtr_keys.codecs.sidecar_client import sidecar_security
+        from mrtr_keys.codecs.sidecar_client import SidecarCodec, sidecar_security
 
+        valid = keywords_of(request_state_security, SidecarCodec.__init__) - {"url"}
+        check_keywords(options, valid, "request_state_security(sidecar=...)")
         security = sidecar_security(sidecar, audience=audience, secret=secret, ttl=float(ttl), **options)
         return with_single_use(security, single_use, single_use_for, on_store_error)
+    check_keywords(
+        options, keywords_of(request_state_security, open_codec) | ALL_BACKEND_OPTIONS, "request_state_security()"
+    )
     if "observer" not in options and audit is not False:
         from mrtr_keys.audit.observer import observer_for
 

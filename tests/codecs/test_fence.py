@@ -145,3 +145,31 @@ def test_an_unknown_kid_looks_at_the_keystore_once_and_opens_the_new_key(tmp_pat
     # at most one keystore check a second (DEFAULT_LOOK_GAP): 2 when the 1,000 fit in a second, as on a quiet
     # host; a busy host that stretches them over more seconds is allowed one more check for each
     assert fence.watcher.checks - checks <= 1 + math.ceil(took), (fence.watcher.checks - checks, took)
+
+
+def test_max_fenced_out_caps_how_long_an_instance_serves_on_a_ring_it_cannot_check(tmp_path: Path) -> None:
+    """Issue 37: an instance cut from the keystore cannot learn of a revocation, so a cautious operator caps how
+    long it serves fenced out (``max_fenced_out=``): past it seals raise and unseals are refused (reason
+    ``fenced out too long``, counted), until a keystore check succeeds again; without the cap it keeps serving."""
+    from mrtr_keys.codecs.fence import FENCED_OUT_TOO_LONG, FencedOutTooLong
+
+    store = _ring(tmp_path)
+    capped = _open(store, lease=LEASE, max_fenced_out=0.4)
+    uncapped = _open(store, lease=LEASE)
+    token = capped.seal(b"before")
+    hidden = store.path.with_name("elsewhere.json")
+    store.path.rename(hidden)
+    time.sleep(LEASE + 0.05)
+    assert capped.unseal(token) == b"before" and uncapped.unseal(token) == b"before"  # fenced out, served
+    time.sleep(0.45)
+    counted = REGISTRY.get_sample_value("mrtr_keys_rejections_total", {"reason": FENCED_OUT_TOO_LONG}) or 0.0
+    with pytest.raises(FencedOutTooLong, match=r"fenced out for \d+ s \(max_fenced_out 0.4 s\)"):
+        capped.seal(b"x")
+    with pytest.raises(InvalidRequestState, match=FENCED_OUT_TOO_LONG):
+        capped.unseal(token)
+    assert REGISTRY.get_sample_value("mrtr_keys_rejections_total", {"reason": FENCED_OUT_TOO_LONG}) == counted + 1
+    assert "over max_fenced_out 0.4 s: refusing" in (capped.fence.note() or "")  # type: ignore[attr-defined]
+    assert uncapped.unseal(uncapped.seal(b"y")) == b"y"  # the default: no cap
+    hidden.rename(store.path)
+    time.sleep(LEASE + 0.05)  # the next call checks again (the lease's retry), finds the keystore, serves
+    assert capped.unseal(capped.seal(b"back")) == b"back"

@@ -82,12 +82,29 @@ def _exec_form(args: str) -> list[str]:
     return ["/bin/sh", "-c", args]
 
 
+def stages(path: Path = REPO / "Dockerfile") -> tuple[dict[str, str], list[list[tuple[str, str]]]]:
+    """The ARGs declared before the first FROM (name -> default) and each stage's instructions, FROM first."""
+    args: dict[str, str] = {}
+    out: list[list[tuple[str, str]]] = []
+    for word, rest in _instructions(path.read_text()):
+        if word == "FROM":
+            out.append([])
+        if out:
+            out[-1].append((word, rest))
+        elif word == "ARG":
+            name, _, default = rest.partition("=")
+            args[name] = default
+    return args, out
+
+
 def read_image(path: Path = REPO / "Dockerfile") -> Image:
     """The final stage of a Dockerfile as the container runtime would start it."""
     stages: list[Image] = []
     for word, args in _instructions(path.read_text()):
         if word == "FROM":
             stages.append(Image())
+            continue
+        if not stages:  # an ARG before the first FROM (a build argument, not the container's)
             continue
         img = stages[-1]
         if word == "ENV":

@@ -8,8 +8,13 @@ outside the state directory.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +22,7 @@ from mrtr_keys.changes.create import create_ring
 from mrtr_keys.codecs.sidecar_client import SidecarCodec
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.service.clients import add_client
-from tests.deploy.sandbox import REPO, UID, Sandbox, read_image, written_outside
+from tests.deploy.sandbox import REPO, UID, Sandbox, read_image, stages, written_outside
 
 pytestmark = pytest.mark.e2e
 
@@ -83,3 +88,51 @@ def test_image_command_serves_under_the_image_constraints(box: Sandbox) -> None:
     assert written_outside(box, started) == []
     logs = [line for line in box.output(proc).splitlines() if line.strip()]
     assert logs and all(line.startswith("{") for line in logs), logs  # MRTR_KEYS_LOG_FORMAT=json
+
+
+def test_the_image_installs_the_lock_and_carries_its_sbom_and_digest(tmp_path: Path) -> None:
+    """What the build installs is uv.lock's (every pip install is --require-hashes from its exports, or the project's
+    own wheel built with the locked backend), the image is labelled with the lock's sha256 and holds both SBOMs,
+    and the build stage's own check (run here as written, in a directory laid out as its COPYs lay it out)
+    passes with `make sbom`'s files and refuses an SBOM or a lock other than the digest's."""
+    args, (build, final) = stages()
+    digest = hashlib.sha256((REPO / "uv.lock").read_bytes()).hexdigest()
+    assert args == {"UV_LOCK_SHA256": digest}
+    assert ("LABEL", 'mrtr-keys.uv-lock.sha256="${UV_LOCK_SHA256}"') in final
+    assert ("COPY", "--from=build /src/sbom /usr/share/doc/mrtr-keys/sbom") in final
+    copies = [rest.split() for word, rest in build if word == "COPY"]
+    assert ["build/sbom/python.cdx.json", "build/sbom/typescript.cdx.json", "./sbom/"] in copies
+    assert ["uv.lock", "./"] in copies and [
+        "requirements/build.txt",
+        "requirements/image.txt",
+        "./requirements/",
+    ] in copies
+    runs = [rest for word, rest in build if word == "RUN"]
+    installs = [c.strip() for run in runs for c in run.split("&&") if " install " in c]
+    assert len(installs) == 3
+    for command in installs:
+        assert "--require-hashes -r requirements/" in command or command.endswith("--no-deps /wheels/mrtr_keys-*.whl")
+    assert "--no-build-isolation" in next(c for run in runs for c in run.split("&&") if " wheel " in c)
+
+    src = tmp_path / "src"  # WORKDIR /src after the COPYs that come before the first RUN
+    (src / "sbom").mkdir(parents=True)
+    shutil.copy(REPO / "uv.lock", src / "uv.lock")
+    made = subprocess.run([sys.executable, str(REPO / "tools" / "sbom.py"), str(src / "sbom")], capture_output=True)
+    assert made.returncode == 0, made.stderr
+    check = " && ".join(c for c in runs[0].split(" && ") if "venv" not in c and "/opt/build" not in c)
+
+    def build_check() -> int:
+        env = {"PATH": "/usr/bin:/bin", "UV_LOCK_SHA256": digest}
+        return subprocess.run(["/bin/sh", "-c", check], cwd=src, env=env, capture_output=True).returncode
+
+    assert build_check() == 0
+    sbom = src / "sbom" / "python.cdx.json"
+    good = sbom.read_text()
+    stale = json.loads(good)
+    stale["metadata"]["properties"] = [{"name": "mrtr-keys:lock:sha256", "value": "0" * 64}]
+    sbom.write_text(json.dumps(stale))
+    assert build_check() != 0  # an SBOM of another lock
+    sbom.write_text(good)
+    with (src / "uv.lock").open("a") as lock:
+        lock.write("\n")
+    assert build_check() != 0  # a lock other than the one the digest names

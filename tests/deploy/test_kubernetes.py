@@ -65,6 +65,38 @@ def test_manifests_validate_offline() -> None:
         assert f"{path} passed" in done.stdout, done.stdout
 
 
+def test_every_manifest_is_one_fleet() -> None:
+    """Every file under deploy/kubernetes/ describes the same fleet by default (issue 39, item 7): one namespace,
+    one image, and every mrtr-keys container on the one presence/audit store (the Secret mrtr-keys-audit) with the
+    fleet's one audit key (the Secret mrtr-keys-audit-key, mounted read-only 0440), logging JSON; the sidecars
+    name themselves after their pods. A variant that left the store out would hold sidecars that
+    `rotate next --wait` never waits for."""
+    images = set()
+    for path in MANIFESTS:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        assert {d["metadata"].get("namespace") for d in docs} == {"mcp"}, path.name
+        workloads = [d for d in docs if d["kind"] in ("Deployment", "CronJob")]
+        assert workloads, path.name
+        for doc in workloads:
+            spec = doc["spec"]
+            pod = (spec["jobTemplate"]["spec"] if doc["kind"] == "CronJob" else spec)["template"]["spec"]
+            (container,) = [c for c in pod["containers"] if "/mrtr-keys:" in c["image"]]
+            images.add(container["image"])
+            env = {e["name"]: e for e in container["env"]}
+            where = f"{path.name}: {container['name']}"
+            assert env["MRTR_KEYS_AUDIT"]["valueFrom"]["secretKeyRef"] == {"name": "mrtr-keys-audit", "key": "url"}
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            key_dir, _, key_name = env["MRTR_KEYS_AUDIT_KEY_FILE"]["value"].rpartition("/")
+            volume = next(v for v in pod["volumes"] if v["name"] == mounts[key_dir]["name"])
+            assert key_name == "audit.key" and mounts[key_dir]["readOnly"], where
+            assert volume["secret"] == {"secretName": "mrtr-keys-audit-key", "defaultMode": 0o440}, where
+            assert env["MRTR_KEYS_LOG_FORMAT"]["value"] == "json", where
+            assert pod["securityContext"]["runAsUser"] == 10001 and pod["automountServiceAccountToken"] is False
+            if doc["kind"] == "Deployment":
+                assert env["MRTR_KEYS_INSTANCE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, where
+    assert len(images) == 1, images
+
+
 @dataclass
 class Workload:
     """One manifest's mrtr-keys container, with its pod and where it runs."""

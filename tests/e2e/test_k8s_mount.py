@@ -1,12 +1,16 @@
 """The shipped Kubernetes manifest, run as written: deploy/kubernetes/sidecar-secret-mount.yaml's sidecar
 command and environment, as its non-root user, with the ring and client registry on a directory laid out
-as the kubelet lays out a Secret volume (``..data`` link, files 0440 root:fsGroup) and only the state
-directory writable. The mount is swapped the kubelet's way through begin, promote and retire while the
+as the kubelet lays out a Secret volume (``..data`` link, files 0440 root:fsGroup), the fleet's audit key on
+another, presence and audit in the shared PostgreSQL store (the Secret mrtr-keys-audit's URL) and only the
+state directory writable. The mount is swapped the kubelet's way through begin, promote and retire while the
 MCP server side (`request_state_security` reading the manifest's MRTR_KEYS_SIDECAR_* variables) seals and
-unseals continuously: 0 failed requests, no restart, nothing written to the mount."""
+unseals continuously: 0 failed requests, no restart, nothing written to the mounts; the pod's heartbeat (what
+the rotation CronJob's gates read) follows each generation, and its audit rows carry the fleet key's
+fingerprints (issue 39, item 7)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,16 +27,21 @@ import pytest
 import yaml
 
 import mrtr_keys
+from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.fleet.presence import read_instances
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.service.clients import add_client
-from tests.fixtures.common import REPO, stop_process
+from tests.fixtures.common import REPO, run_cli, stop_process
 from tests.fixtures.keystores import kubelet_publish
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.e2e
 
 MANIFEST = REPO / "deploy" / "kubernetes" / "sidecar-secret-mount.yaml"
+POD = "mcp-billing-7d9f-test"  # the downward API's metadata.name
 
 
 def world_reachable(path: Path) -> bool:
@@ -84,7 +93,9 @@ def test_every_variable_the_manifests_set_is_read_by_the_code() -> None:
     assert names and {n for n in names if f'"{n}"' not in source} == set()
 
 
-def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_url: str
+) -> None:
     spec = pod_spec()
     sidecar, server = containers(spec)
     security = spec["securityContext"]
@@ -93,17 +104,20 @@ def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, m
     os.chmod(base, 0o755)
     volumes = {v["name"]: v for v in spec["volumes"]}
     paths: dict[str, Path] = {}
-    mount = None
+    secrets: dict[str, tuple[Path, int]] = {}  # Secret name -> (its mount here, defaultMode)
     for vm in sidecar["volumeMounts"]:
         host = base / vm["name"]
         paths[vm["mountPath"]] = host
         if "secret" in volumes[vm["name"]]:
-            mount, mode = host, volumes[vm["name"]]["secret"]["defaultMode"]
+            secret = volumes[vm["name"]]["secret"]
+            secrets[secret["secretName"]] = (host, secret["defaultMode"])
         else:  # emptyDir: writable by the pod's user only
             host.mkdir(mode=0o700)
             if root:
                 os.chown(host, security["runAsUser"], security["runAsGroup"])
-    assert mount is not None and mode == 0o440
+    assert set(secrets) == {"mrtr-keyring", "mrtr-keys-audit-key"}
+    (mount, mode), (key_mount, key_mode) = secrets["mrtr-keyring"], secrets["mrtr-keys-audit-key"]
+    assert mode == key_mode == 0o440
 
     source = FileKeystore(tmp_path / "source" / "keyring.json")  # where rotations are written (not the pod)
     create_ring(source, audiences=("billing",))
@@ -117,6 +131,9 @@ def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, m
         )
 
     publish()
+    audit_key = os.urandom(32)  # head -c 32 /dev/urandom > audit.key; the Secret mrtr-keys-audit-key
+    kubelet_publish(key_mount, {"audit.key": audit_key}, mode=key_mode, gid=gid)
+    secret_values = {("mcp-billing-sidecar-client", "secret"): client_secret, ("mrtr-keys-audit", "url"): postgres_url}
 
     def local(text: str) -> str:
         for pod_path in sorted(paths, key=len, reverse=True):
@@ -129,9 +146,10 @@ def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, m
             if "value" in e:
                 out[e["name"]] = local(e["value"])
             elif "secretKeyRef" in e.get("valueFrom", {}):
-                out[e["name"]] = client_secret
+                ref = e["valueFrom"]["secretKeyRef"]
+                out[e["name"]] = secret_values[(ref["name"], ref["key"])]
             else:  # the downward API
-                out[e["name"]] = "mcp-billing-7d9f-test"
+                out[e["name"]] = POD
         return out
 
     bin_dir, tool_env = pod_toolchain(base)
@@ -168,9 +186,11 @@ def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, m
         threads = [threading.Thread(target=traffic, args=(n,)) for n in range(2)]
         for t in threads:
             t.start()
+        generations = []
         try:
             for step in ("begin", "promote", "retire"):
                 result = run_step(source, step, force=step == "retire")
+                generations.append(result.ring.generation)
                 publish()
                 deadline = time.monotonic() + 30
                 while generation() != result.ring.generation:
@@ -189,8 +209,9 @@ def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, m
             probe[0] = str(bin_dir / probe[0])
             ran = subprocess.run(probe, env=env, timeout=60, check=False, capture_output=True, **(user if root else {}))
             assert ran.returncode == 0, (kind, ran.stderr)
+        _in_the_fleet(proc.pid, postgres_url, generations, audit_key, codec.seal(b"one more round"), tmp_path)
         state = paths[next(p for p in paths if "state" in p or "lib" in p)]
-        assert {"audit.key", "audit.db"} <= {p.name for p in state.iterdir()}
+        assert not {"audit.key", "audit.db"} & {p.name for p in state.iterdir()}  # the fleet's, not its own
         assert sorted(p.name for p in mount.iterdir() if not p.name.startswith("..2")) == [
             "..data",
             "clients.json",
@@ -199,6 +220,34 @@ def test_the_sidecar_serves_through_a_kubelet_swapped_rotation(tmp_path: Path, m
     finally:
         stop_process(proc)
         log.close()
+
+
+def _in_the_fleet(pid: int, store_url: str, generations: list[int], audit_key: bytes, token: str, tmp: Path) -> None:
+    """What the rotation CronJob's gates and an operator read from the shared store: the pod's heartbeat at the
+    last generation under its pod name, its `ring-loaded` record of each one, and the token it sealed found by
+    `mrtr-keys audit query --token` with the fleet's audit key (one fingerprint fleet-wide)."""
+    store = open_store(store_url)
+    try:
+
+        def heartbeat() -> bool:
+            return any(r.name == POD and r.generation == generations[-1] for r in read_instances(store))
+
+        until(heartbeat, 30, f"{POD}'s heartbeat at generation {generations[-1]}", every=0.2)
+        loaded = {r.event.generation for r in store.query(Query(op="ring-loaded")) if f":{pid}:" in r.event.instance}
+        assert set(generations) <= loaded, loaded
+    finally:
+        store.close()
+    key_file = tmp / "audit.key"
+    key_file.write_bytes(audit_key)
+    key_file.chmod(0o600)
+    env = {"MRTR_KEYS_AUDIT": store_url, "MRTR_KEYS_AUDIT_KEY_FILE": str(key_file)}
+
+    def found() -> list[dict[str, object]]:
+        done = run_cli("audit", "query", "--token", token, "--json", env=env)
+        assert done.code == 0, done.err
+        return [r for r in json.loads(done.out) if r["op"] == "seal"]
+
+    until(found, 30, "the sealed token in the shared audit log", every=0.2)
 
 
 def _wait_ready(proc: subprocess.Popen[Any], socket_path: Path, log: Path) -> httpx.Client:

@@ -56,7 +56,7 @@ def test_a_round_trip_through_json_is_lossless() -> None:
         (lambda d: d.update(ttl_seconds=-1), "ttl_seconds"),
         (lambda d: d.update(audiences=["a", "a"]), "duplicate"),
         (lambda d: d["keys"][0].update(kid="ABCDEF12"), "8 lowercase hex"),
-        (lambda d: d["keys"][0].update(state="active"), "verify, primary or retired"),
+        (lambda d: d["keys"][0].update(state="active"), "verify, primary, retired or revoked"),
         (lambda d: d["keys"][0].pop("material"), "missing material"),
         (lambda d: d["keys"][0].update(material=d["keys"][0]["material"].rstrip("=")), "base64 of 32 bytes"),
         (lambda d: d["keys"][0].update(created_at="yesterday"), "ISO 8601"),

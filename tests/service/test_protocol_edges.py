@@ -188,6 +188,25 @@ def test_one_address_cannot_take_every_connection(http: str) -> None:
             s.close()
 
 
+def test_a_capped_peers_surplus_does_not_count_against_the_global_cap(http: str) -> None:
+    """Issue 39: the refused surplus of one address (lingering for `LINGER_SECONDS`) took the global cap's
+    places, so another address got ``too_many_connections``. Now only admitted connections count."""
+    for server in _server(http, max_connections=6, max_connections_per_peer=3):
+        held = [server.connect() for _ in range(3)]
+        assert answer(held[0]).startswith(b"/ok:")
+        surplus = [server.connect() for _ in range(10)]  # each answered at once, and lingering
+        for s in surplus:
+            assert s.recv(65536).endswith(b'{"error":"too_many_connections_from_peer"}')
+        others = [server.connect(source="127.0.0.2") for _ in range(3)]  # 13 open, 3 admitted: room for 3
+        for s in others:
+            assert answer(s).startswith(b"/ok:")
+        with server.connect(source="127.0.0.3") as seventh:  # the global cap counts the admitted 6
+            seventh.sendall(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert seventh.recv(65536).endswith(b'{"error":"too_many_connections"}')
+        for s in held + surplus + others:
+            s.close()
+
+
 def test_limits_come_from_the_config(tmp_path: Any) -> None:
     from mrtr_keys.service.config import ServiceConfig
 

@@ -39,7 +39,19 @@ FIELDS = (
 OP_SEAL = "seal"
 OP_UNSEAL = "unseal"
 OP_RING_LOADED = "ring-loaded"
-CHANGE_OPS = ("init", "begin", "promote", "retire", "rewrap", "audience", "abort", "destroy", "ttl", "restore")
+CHANGE_OPS = (
+    "init",
+    "begin",
+    "promote",
+    "retire",
+    "rewrap",
+    "audience",
+    "abort",
+    "destroy",
+    "ttl",
+    "restore",
+    "revoke",
+)
 OPS = (OP_SEAL, OP_UNSEAL, OP_RING_LOADED, *CHANGE_OPS)
 OK = "ok"
 REJECTED = "rejected"

@@ -188,8 +188,10 @@ class Retention:
 
         env = child_environment(os.environ)
         env["PYTHONPATH"] = package_root() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from mrtr_keys.hardening import child_args
+
         proc = subprocess.Popen(
-            [sys.executable, "-m", CHILD],
+            [sys.executable, "-m", CHILD, *child_args()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mrtr_keys.hardening import CHILD_FLAG, harden_process
+
 NICENESS = 10
 """Added to the child's scheduling niceness: the sidecar's requests come first on a busy host."""
 
@@ -87,6 +89,7 @@ def main() -> int:
     def stop(_sig: int, _frame: object) -> None:
         stopping[0] = True
 
+    harden_process(allow_core_dumps=CHILD_FLAG in sys.argv[1:])  # before the store URL arrives
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the sidecar, which stops this run
     try:

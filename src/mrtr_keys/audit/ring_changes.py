@@ -8,7 +8,8 @@ one event, written synchronously: ``kid`` is the key the step is about (the new 
 begin and promote, the old one for retire), ``generation`` the ring's generation after the
 change, ``reason`` is ``forced`` for a step run with ``--force`` past a gate (or ``added`` /
 ``removed`` for an audience change, whose name is in ``audience``; ``sdk-v1`` for an ``init`` from
-the MCP SDK's keys, `mrtr_keys.changes.create.create_ring_from_sdk_keys`).
+the MCP SDK's keys, `mrtr_keys.changes.create.create_ring_from_sdk_keys`). A ``revoke`` names the revoked
+key, and its ``reason`` is the operator's ``--reason`` text (``forced; TEXT`` past a fleet check).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
         kid = details.get("old")
     elif op in ("abort", "destroy"):  # the key removed or destroyed
         kid = details.get("removed") or details.get("kid")
+    elif op == "revoke":  # the revoked key, and why (a new primary, if any, is in the ring-loaded events)
+        kid = details.get("kid")
+        why = str(details.get("reason") or "")
+        reason = f"{FORCED}; {why}" if result.forced else why
     elif op == "audience":
         kid = None
         if "added" in details:

@@ -14,15 +14,26 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from mrtr_keys.codecs.observe import CodecObserver
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import ConfigError, check_keywords
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
 
-_MODULES = {
+_MODULES = {  # one per `mrtr_keys.ring.model.CODEC_TYPES`
     "local": "mrtr_keys.backends.local",
     "kms": "mrtr_keys.backends.kms",
     "vault-transit": "mrtr_keys.backends.vault",
 }
+BACKEND_OPTIONS: dict[str, frozenset[str]] = {
+    "local": frozenset(),
+    "kms": frozenset(
+        {"client", "service", "kms_key_id", "connect_timeout", "read_timeout", "max_attempts", "kek_check_every"}
+    ),
+    "vault-transit": frozenset({"client", "settings", "kek_check_every"}),
+}
+"""The keyword options each backend's ``make_backend`` takes (its client settings). `backend_for` hands a
+backend only its own and refuses a keyword no backend takes, so a misspelled setting is an error, not a
+silent default (issue 39)."""
+ALL_BACKEND_OPTIONS = frozenset().union(*BACKEND_OPTIONS.values())
 
 
 class Codec(Protocol):
@@ -64,11 +75,14 @@ class Backend(Protocol):
 
 
 def backend_for(spec: CodecSpec | str, **options: Any) -> Backend:
-    """The backend for a codec spec (or type name).
+    """The backend for a codec spec (or type name), with the `options` of `BACKEND_OPTIONS` it takes (the
+    others are meant for another codec type, as a fleet's settings cover every ring it may meet).
 
     Raises:
-        ConfigError: unknown codec type, or its optional dependency is not installed.
+        ConfigError: unknown codec type, its optional dependency is not installed, or an option no
+            backend takes (named with the closest one).
     """
+    check_keywords(options, ALL_BACKEND_OPTIONS, "backend_for()")
     if isinstance(spec, str):
         spec = CodecSpec(spec)
     module_name = _MODULES.get(spec.type)
@@ -76,5 +90,6 @@ def backend_for(spec: CodecSpec | str, **options: Any) -> Backend:
         known = ", ".join(sorted(_MODULES))
         raise ConfigError(f"unknown codec {spec.type!r} (known: {known})")
     module = importlib.import_module(module_name)
-    backend: Backend = module.make_backend(spec, **options)
+    own = BACKEND_OPTIONS[spec.type]
+    backend: Backend = module.make_backend(spec, **{k: v for k, v in options.items() if k in own})
     return backend

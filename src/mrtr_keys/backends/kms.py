@@ -49,6 +49,7 @@ class KMSBackend:
         kms_key_id: optional pin (else ``MRTR_KEYS_KMS_KEY_ID``): codecs refuse a ring wrapped
             under any other key.
         connect_timeout, read_timeout: seconds; max_attempts: total tries (see `KMSSettings`).
+        kek_check_every: seconds between the codecs' checks of the KMS key (`mrtr_keys.codecs.kek`).
     """
 
     def __init__(
@@ -61,8 +62,10 @@ class KMSBackend:
         connect_timeout: float | None = None,
         read_timeout: float | None = None,
         max_attempts: int | None = None,
+        kek_check_every: float | None = None,
     ) -> None:
         self.spec = spec
+        self.kek_check_every = kek_check_every
         if service is None:
             settings = KMSSettings.from_env(
                 connect_timeout=connect_timeout, read_timeout=read_timeout, max_attempts=max_attempts
@@ -136,7 +139,12 @@ class KMSBackend:
     ) -> KMSEnvelopeCodec:
         """A `KMSEnvelopeCodec` sharing this backend's KMS client (unwraps every usable key now)."""
         return KMSEnvelopeCodec(
-            keystore, audience=audience, observer=observer, service=self.service, kms_key_id=self.pinned
+            keystore,
+            audience=audience,
+            observer=observer,
+            service=self.service,
+            kms_key_id=self.pinned,
+            kek_check_every=self.kek_check_every,
         )
 
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
@@ -147,7 +155,5 @@ class KMSBackend:
 
 
 def make_backend(spec: CodecSpec, **options: Any) -> KMSBackend:
-    """`backend_for` entry point. Known options: client, service, kms_key_id, connect_timeout,
-    read_timeout, max_attempts; others (meant for other backends) are ignored."""
-    known = {"client", "service", "kms_key_id", "connect_timeout", "read_timeout", "max_attempts"}
-    return KMSBackend(spec, **{k: v for k, v in options.items() if k in known})
+    """`backend_for` entry point: `KMSBackend`'s keyword options (``BACKEND_OPTIONS["kms"]``)."""
+    return KMSBackend(spec, **options)

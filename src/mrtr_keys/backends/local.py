@@ -40,5 +40,6 @@ class LocalBackend:
         return describe_token(ring, token)
 
 
-def make_backend(spec: CodecSpec, **_: Any) -> LocalBackend:
+def make_backend(spec: CodecSpec) -> LocalBackend:
+    """`backend_for` entry point (a local ring takes no client settings)."""
     return LocalBackend(spec)

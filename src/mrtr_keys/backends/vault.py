@@ -51,9 +51,15 @@ class VaultTransitBackend:
     """
 
     def __init__(
-        self, spec: CodecSpec, *, client: VaultClient | None = None, settings: VaultSettings | None = None
+        self,
+        spec: CodecSpec,
+        *,
+        client: VaultClient | None = None,
+        settings: VaultSettings | None = None,
+        kek_check_every: float | None = None,
     ) -> None:
         self.spec = spec
+        self.kek_check_every = kek_check_every
         self.params = TransitParams.from_spec(spec)
         self._client = client
         self._settings = settings
@@ -121,7 +127,9 @@ class VaultTransitBackend:
     def open_codec(
         self, keystore: Keystore, *, audience: str, observer: CodecObserver | None = None
     ) -> VaultTransitCodec:
-        return VaultTransitCodec(keystore, audience=audience, observer=observer, client=self.client)
+        return VaultTransitCodec(
+            keystore, audience=audience, observer=observer, client=self.client, kek_check_every=self.kek_check_every
+        )
 
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
         """Format, kid, its state, the transit ``key_version`` and sizes; None for another format.
@@ -169,7 +177,11 @@ def _int(value: object) -> int:
 
 
 def make_backend(
-    spec: CodecSpec, *, client: VaultClient | None = None, settings: VaultSettings | None = None, **_: Any
+    spec: CodecSpec,
+    *,
+    client: VaultClient | None = None,
+    settings: VaultSettings | None = None,
+    kek_check_every: float | None = None,
 ) -> VaultTransitBackend:
     """The backend for a ``vault-transit`` ring (see `mrtr_keys.backends.backend_for`)."""
-    return VaultTransitBackend(spec, client=client, settings=settings)
+    return VaultTransitBackend(spec, client=client, settings=settings, kek_check_every=kek_check_every)

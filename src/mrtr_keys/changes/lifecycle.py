@@ -70,11 +70,12 @@ def younger_than(ring: KeyRing, now: datetime, seconds: float) -> ChangeResult |
 
 
 def destroy(ring: KeyRing, kid: str, now: datetime) -> ChangeResult:
-    """Remove a retired key's material (and wrapped key / backend data); keep its record.
+    """Remove a retired (or revoked, ``--keep-material``) key's material (and wrapped key / backend data);
+    keep its record.
 
     Raises:
         ConfigError: no such kid.
-        RotationError: the key is not retired (verify and primary keys still unseal).
+        RotationError: the key is not retired or revoked (verify and primary keys still unseal).
     """
     key = ring.lookup(kid)
     if key is None:
@@ -83,7 +84,7 @@ def destroy(ring: KeyRing, kid: str, now: datetime) -> ChangeResult:
         return ChangeResult(
             "destroy", False, ring, f"key {kid} was already destroyed at {format_time(key.destroyed_at)}", details={}
         )
-    if key.state is not KeyState.RETIRED:
+    if not (key.state is KeyState.RETIRED or key.state is KeyState.REVOKED):
         hint = {
             KeyState.PRIMARY: "rotate first (mrtr-keys rotate next)",
             KeyState.VERIFY: "it still opens tokens in flight; finish the rotation first (mrtr-keys rotate retire)",

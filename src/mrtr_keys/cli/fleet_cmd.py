@@ -3,16 +3,18 @@
 One row an instance (name, codec, generation, primary kid, last heartbeat, live / stuck / stale /
 stopped: stuck is a live instance whose ring watcher has completed no check in 3 intervals), in 80
 columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord` plus ``status``,
-``current`` (live and not stuck), ``age_seconds`` and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
+``current`` (live and not stuck), ``age_seconds``, ``applied`` (it has loaded the stored ring's generation and
+its watcher is not stuck) and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
 key). Instances of other rings in the same store, and rows whose last
-heartbeat is older than ``--since`` (default 1h), are left out.
+heartbeat is older than ``--since`` (default 1h), are left out. When the ring holds a revoked key, a line
+says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names the others.
 """
 
 from __future__ import annotations
 
 import textwrap
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -75,11 +77,22 @@ def status(
             for r in read_instances(audit)
             if (ring is None or r.ring_id == ring.ring_id) and parse_event_time(r.beat).timestamp() >= horizon
         ]
+        revocation = _revocation(audit, ring) if ring is not None else None
     finally:
         audit.close()
     formats = {k.kid: k.format.value for k in ring.keys} if ring else {}  # mk1, or sdk-v1: the SDK's own key
     if json_:
-        print_json([{**r.to_json(now), "primary_format": formats.get(r.primary_kid or "")} for r in rows])
+        target = ring.generation if ring else None
+        print_json(
+            [
+                {
+                    **r.to_json(now),
+                    "applied": target is not None and (r.generation or 0) >= target and not r.watcher_stuck,
+                    "primary_format": formats.get(r.primary_kid or ""),
+                }
+                for r in rows
+            ]
+        )
         if unreachable:
             error(unreachable)
         return
@@ -113,6 +126,24 @@ def status(
         print_line(note)
     for kid in sorted({r.primary_kid for r in rows if r.primary_kid and formats.get(r.primary_kid) == "sdk-v1"}):
         print_line(f"  {kid}: the MCP SDK's own key, sealing its v1. tokens (docs/migration.md)")
+    if revocation is not None:
+        print_line(_wrap(revocation, ""))
+
+
+def _revocation(audit: Any, ring: Any) -> str | None:
+    """For the ring's latest revoked key: which live instances have applied the generation that revoked it."""
+    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.fleet.applied import applied
+    from mrtr_keys.ring.model import format_time
+
+    revoked = [k for k in ring.keys if k.revoked and k.revoked_at is not None]
+    if not revoked:
+        return None
+    key = max(revoked, key=lambda k: k.revoked_at)
+    found = audit.query(Query(op="revoke", kid=key.kid, newest_first=True, limit=1))
+    target = found[0].event.generation if found and found[0].event.generation else ring.generation
+    state = applied(audit, ring, target)
+    return f"revoked {key.kid} at {format_time(key.revoked_at)}: {state.describe(time.time())}"
 
 
 def _wrap(text: str, indent: str) -> str:

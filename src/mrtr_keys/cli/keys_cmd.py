@@ -1,5 +1,6 @@
-"""`mrtr-keys keys list|show|destroy|ttl`: the ring's keys (never material), destroying a retired
-key's material, and changing the TTL without a rotation (`mrtr_keys.changes.lifecycle`)."""
+"""`mrtr-keys keys list|show|destroy|ttl|revoke`: the ring's keys (never material), destroying a retired
+key's material, changing the TTL without a rotation (`mrtr_keys.changes.lifecycle`), and revoking a leaked
+key (`mrtr_keys.cli.revoke_cmd`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,24 @@ from typing import Annotated, Any
 
 import typer
 
+from mrtr_keys.cli import revoke_cmd
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
 from mrtr_keys.errors import ConfigError
 
-app = typer.Typer(help="Show the key ring's keys; destroy retired ones; change the TTL.", no_args_is_help=True)
+app = typer.Typer(
+    help="Show the key ring's keys; destroy retired ones; change the TTL; revoke a leaked key.", no_args_is_help=True
+)
+app.command("revoke")(revoke_cmd.revoke)
 
 WideOpt = Annotated[bool, typer.Option("--wide", help="Every column, full ISO 8601 times (wider than 80 columns).")]
 KidArg = Annotated[str, typer.Argument(help="Key id (8 hex characters, see: mrtr-keys keys list).")]
 NARROW = ("kid", "state", "created_at", "promoted_at", "retired_at")
-WIDE = ("kid", "state", "format", "created_at", "promoted_at", "demoted_at", "retired_at", "destroyed_at")
+WIDE = ("kid", "state", "format", "created_at", "promoted_at", "demoted_at", "retired_at", "destroyed_at", "revoked_at")
 
 
 def _state(row: dict[str, Any]) -> str:
-    return "destroyed" if row.get("destroyed_at") else str(row["state"])
+    """The state, ``destroyed`` for a retired key without material (a revoked key says ``revoked``)."""
+    return "destroyed" if row.get("destroyed_at") and row["state"] == "retired" else str(row["state"])
 
 
 def _state_and_format(row: dict[str, Any]) -> str:
@@ -30,7 +36,7 @@ def _state_and_format(row: dict[str, Any]) -> str:
 @app.command("list")
 def list_keys(keystore_: KeystoreOpt = None, wide: WideOpt = False, json_: JsonOpt = False) -> None:
     """List keys: kid, state (marked sdk for an MCP SDK key), created / promoted / retired, UTC (--wide:
-    every time, to the microsecond, and the format: mk1 or sdk-v1)."""
+    every time, to the microsecond, revoked included, and the format: mk1 or sdk-v1)."""
     from mrtr_keys.cli.output import print_json, print_table, short_time
 
     ring = keystore(keystore_).load()

@@ -45,6 +45,24 @@ def serve(
             "the last successful check; 0: off [default: 3 heartbeat intervals].",
         ),
     ] = None,
+    max_fenced_out: Annotated[
+        str | None,
+        typer.Option(
+            "--max-fenced-out",
+            metavar="DURATION",
+            help="Answer 503 once the sidecar has served this long (90s, 10m) fenced out, i.e. without reaching the "
+            "key ring past its lease: it cannot learn of a revocation then [default: off].",
+        ),
+    ] = None,
+    kek_check_every: Annotated[
+        float | None,
+        typer.Option(
+            "--kek-check-every",
+            envvar="MRTR_KEYS_KEK_CHECK_EVERY",
+            help="Seconds between checks of a KMS / Vault data-key ring's wrapping key; disabled or denied: fail "
+            "closed; 0: off [default: 300].",
+        ),
+    ] = None,
     config: Annotated[str | None, typer.Option("--config", help="TOML file with a [sidecar] table.")] = None,
     clients: Annotated[
         str | None,
@@ -111,8 +129,27 @@ def serve(
         str | None,
         typer.Option("--on-replay-store-error", help="deny (refuse unseals while the store fails) or allow."),
     ] = None,
+    expect_codec: Annotated[
+        str | None,
+        typer.Option(
+            "--expect-codec",
+            envvar="MRTR_KEYS_EXPECT_CODEC",
+            help="Load only rings of this codec (local, kms, vault-transit): another one is refused at start "
+            "(exit 2) and on reload (the last good ring stays). MRTR_KEYS_KMS_KEY_ID pins kms and its key.",
+        ),
+    ] = None,
+    allow_core_dumps: Annotated[
+        bool,
+        typer.Option(
+            "--allow-core-dumps",
+            envvar="MRTR_KEYS_ALLOW_CORE_DUMPS",
+            help="Debugging only: leave the sidecar and its children dumpable (a debugger or profiler of the "
+            "same user can read their keys; a crash can write a core file). By default they are not.",
+        ),
+    ] = False,
 ) -> None:
     """Serve seal/unseal over HTTP for many MCP servers; picks up rotations and new clients without a restart."""
+    from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.config import load_config
 
@@ -142,8 +179,12 @@ def serve(
         instance=instance,
         heartbeat_interval=heartbeat_interval,
         lease=lease,
+        max_fenced_out=None if max_fenced_out is None else parse_duration(max_fenced_out, "--max-fenced-out"),
+        kek_check_every=kek_check_every,
         audit_retention=audit_retention,
         audit_retention_interval=audit_retention_interval,
+        expect_codec=expect_codec,
+        allow_core_dumps=allow_core_dumps or None,
     )
     if settings.audit_retention and settings.audit_factory is None:
         from mrtr_keys.audit.retention import check_store

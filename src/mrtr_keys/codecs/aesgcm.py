@@ -15,8 +15,8 @@ Token (see docs/token-format.md)::
 * Nonce: 12 bytes from the OS CSPRNG (NIST SP 800-38D section 8.2.2, random
   construction), drawn in blocks to save a system call per token; the block is
   discarded in a forked child.
-* The kid picks the key (never trial decryption); unknown or retired kids fail
-  before any decryption.
+* The kid picks the key (never trial decryption); unknown, retired or revoked kids
+  fail before any decryption.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ _PREFIX_LEN = len(TOKEN_PREFIX)
 _NONCE_END = KID_BYTES + NONCE_BYTES
 _MIN_RAW = KID_BYTES + NONCE_BYTES + TAG_BYTES
 _NONCES_PER_BLOCK = 512
+RETIRED_KID = "retired kid"
+"""The reason code of a token whose kid the ring holds as retired (rotated out after its TTL)."""
+REVOKED_KID = "revoked kid"
+"""The reason code of a token whose kid the ring holds as revoked (`mrtr_keys.changes.revoke`): its own
+audit reason and metric label, so an incident's refusals are told apart from a rotation's."""
 _NONCE_BLOCK = NONCE_BYTES * _NONCES_PER_BLOCK
 
 
@@ -61,6 +66,14 @@ def derive_audience_key(ring_key: bytes, audience: str) -> bytes:
     """HKDF-SHA256(ring_key, info=AUDIENCE_KDF_INFO + audience) -> 32 bytes (RFC 5869)."""
     info = AUDIENCE_KDF_INFO + audience.encode("utf-8", "surrogatepass")
     return HKDF(algorithm=SHA256(), length=32, salt=None, info=info).derive(ring_key)
+
+
+def refused_kids(ring: KeyRing) -> tuple[frozenset[str], frozenset[str]]:
+    """The kids `ring` knows that no longer open tokens: (retired, revoked)."""
+    from mrtr_keys.ring.model import KeyState
+
+    retired = frozenset(k.kid for k in ring.keys if k.state is KeyState.RETIRED)
+    return retired, frozenset(k.kid for k in ring.keys if k.state is KeyState.REVOKED)
 
 
 def reject(reason: str) -> NoReturn:
@@ -138,13 +151,14 @@ class AESGCMTokenCore:
         primary_kid: the kid that seals; must be in `keys`.
         audience: bound into the key derivation and the associated data.
         retired: kids known to the ring but retired (only to give a clearer reason code).
+        revoked: kids known to the ring but revoked (reason code `REVOKED_KID`).
         observer: optional hook called after every seal/unseal (audit); never sees plaintext.
 
     Raises:
         ValueError: a key is not 32 bytes, or `primary_kid` is not among `keys`.
     """
 
-    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_retired", "_ring", "_sealer")
+    __slots__ = ("_aad_tail", "_audience", "_mint", "_observer", "_refused", "_ring", "_sealer")
 
     def __init__(
         self,
@@ -154,6 +168,7 @@ class AESGCMTokenCore:
         audience: str,
         retired: frozenset[str] = frozenset(),
         observer: CodecObserver | None = None,
+        revoked: frozenset[str] = frozenset(),
     ) -> None:
         if primary_kid not in keys:
             raise ValueError("the primary kid must be among the unsealing keys")
@@ -172,7 +187,9 @@ class AESGCMTokenCore:
             encrypt_with[raw_kid] = aead.encrypt
         self._mint = kid_to_bytes(primary_kid)
         self._sealer = (encrypt_with[self._mint], self._ring[self._mint][1], self._mint, primary_kid)
-        self._retired = frozenset(kid_to_bytes(k) for k in retired)
+        self._refused = {kid_to_bytes(k): RETIRED_KID for k in retired} | {
+            kid_to_bytes(k): REVOKED_KID for k in revoked
+        }
         self._observer = observer
 
     def __repr__(self) -> str:
@@ -204,7 +221,7 @@ class AESGCMTokenCore:
 
         Raises:
             InvalidRequestState: reason ``too long``, ``malformed``, ``unknown kid``,
-                ``retired kid`` or ``seal`` (authentication failed).
+                ``retired kid``, ``revoked kid`` or ``seal`` (authentication failed).
         """
         # `token.unpack`, inlined on this hot path: type, cap, prefix, strict base64url, minimum length.
         if type(token) is not str:
@@ -222,7 +239,7 @@ class AESGCMTokenCore:
         raw_kid = raw[:KID_BYTES]
         entry = self._ring.get(raw_kid)
         if entry is None:
-            self._rejected(raw_kid, token, "retired kid" if raw_kid in self._retired else "unknown kid")
+            self._rejected(raw_kid, token, self._refused.get(raw_kid, "unknown kid"))
         decrypt, aad, kid = entry
         try:
             payload = decrypt(raw[KID_BYTES:_NONCE_END], raw[_NONCE_END:], aad)

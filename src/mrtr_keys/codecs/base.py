@@ -11,10 +11,17 @@ gate of the audit log relies on (docs/audit.md).
 `reload()` re-reads the keystore and swaps to the new generation atomically. It never goes
 back: a stored ring with a lower generation, or with another ``ring_id``, is refused (the
 loaded ring stays, a WARNING is logged once, and `reload_refused` says why until a usable ring
-is stored again). A broken ring raises and also leaves the loaded one in place.
+is stored again), and so is a ring the codec's `pin` refuses (another codec type or KMS key,
+`mrtr_keys.codecs.pin`). A broken ring raises and also leaves the loaded one in place.
 
 `remote_per_token` says whether `seal`/`unseal` may call a remote service (Vault transit in
 remote mode): the sealing sidecar runs such codecs in worker threads, and the others inline.
+
+A codec whose keys are wrapped by a remote key (KMS envelope, Vault data keys) re-checks that key in the
+background (`kek`, `mrtr_keys.codecs.kek`) and, when it is disabled or denied, fails closed (`fail_closed`:
+its data keys are dropped and a core that refuses everything is installed) until it answers again
+(`serve_again`). `on_rejected`, when set (`mrtr_keys.open_codec` sets a metric's), is told the reason code
+of every token this codec refuses.
 """
 
 from __future__ import annotations
@@ -23,18 +30,23 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Mapping
-from typing import ClassVar, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import mrtr_keys.tracing as tracing
-from mrtr_keys.codecs.fence import UNKNOWN_KID, Fence
+from mrtr_keys.codecs.aesgcm import rejected
+from mrtr_keys.codecs.fence import FENCED_OUT_TOO_LONG, UNKNOWN_KID, Fence, FencedOutTooLong
 from mrtr_keys.codecs.generations import SWITCH, next_ring
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.codecs.sdk_v1 import build_core
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, as_keystore
 from mrtr_keys.keystores.watch import lease_clock
 from mrtr_keys.ring.model import KeyRing
+
+if TYPE_CHECKING:
+    from mrtr_keys.codecs.kek import KekCheck
 
 log = logging.getLogger("mrtr_keys.codecs")
 
@@ -69,9 +81,18 @@ class KeyRingCodec:
     reload_refused: str | None = None
     """Why the last `reload()` kept the loaded ring although the keystore holds another one
     (lower generation, other ring), else None."""
+    pin: RingPin | None = None
+    """The process's codec pin (`mrtr_keys.codecs.pin`): `reload()` refuses a ring it refuses. Set by
+    `mrtr_keys.open_codec` (``expect_codec=``, ``kms_key_id=`` or their environment variables), and by
+    `KMSEnvelopeCodec` for its own ``kms_key_id``."""
     _fence: Fence | None = None
     _until: float = math.inf
     """`lease_clock` time after which `seal`/`unseal` ask the fence first (inf: no fence)."""
+    kek: KekCheck | None = None
+    """The background check of the ring's wrapping key (`mrtr_keys.codecs.kek`), None for a codec without one."""
+    on_rejected: Callable[[str], object] | None = None
+    """Told the reason code of every token `unseal` refuses (a metric); None: nobody."""
+    _closed: str | None = None
 
     def __init__(
         self,
@@ -102,6 +123,10 @@ class KeyRingCodec:
         self._configure(ring)
         self._install(ring, self._build(ring))
         self._ring_loaded(ring)
+        self._start_kek()
+
+    def _start_kek(self) -> None:
+        """Start the wrapping key's background check (`kek`); default: none (no wrapping key)."""
 
     def __repr__(self) -> str:
         return (
@@ -164,17 +189,61 @@ class KeyRingCodec:
         if the ring changed (the audit log then shows the first attempt's ``unknown kid`` and the result).
         """
         if lease_clock() >= self._until:
-            self._ask_fence()
+            try:
+                self._ask_fence()
+            except FencedOutTooLong:
+                self._count(FENCED_OUT_TOO_LONG)
+                rejected(self._observer, None, token, FENCED_OUT_TOO_LONG)
         unseal = self._unseal
         try:
             return unseal(token)
         except Exception as exc:  # the SDK's InvalidRequestState, imported lazily (see codecs.aesgcm.reject)
             fence = self._fence
-            if fence is None or str(exc) != UNKNOWN_KID or not _invalid(exc):
+            if (
+                fence is None
+                or str(exc) != UNKNOWN_KID
+                or not _invalid(exc)
+                or not fence.look_again(unseal, lambda: self._unseal)  # the core in use changed: a new ring
+            ):
+                self._count_rejection(exc)
                 raise
-            if not fence.look_again(unseal, lambda: self._unseal):  # the core in use changed: a new ring
-                raise
-        return self._unseal(token)
+        try:
+            return self._unseal(token)
+        except Exception as exc:
+            self._count_rejection(exc)
+            raise
+
+    def _count_rejection(self, exc: Exception) -> None:
+        if self.on_rejected is not None and _invalid(exc):
+            self._count(str(exc))
+
+    def _count(self, reason: str) -> None:
+        hook = self.on_rejected
+        if hook is not None:
+            hook(reason)
+
+    def fail_closed(self, reason: str) -> None:
+        """Refuse everything from now on (`mrtr_keys.codecs.kek`: the wrapping key is disabled or denied):
+        the data keys are dropped, `seal` raises `WrappingKeyRevoked` and `unseal` refuses every token with
+        the reason ``wrapping key revoked``, until `serve_again`. A reload meanwhile stays closed."""
+        with self._lock:
+            self._closed = reason
+            self._forget_keys()
+            self._install(self._ring, self._core)
+
+    def serve_again(self) -> None:
+        """Rebuild the loaded ring's core (one unwrap per usable key) and serve with it again.
+
+        Raises:
+            WrappingKeyRevoked, UnwrapError, BackendUnavailable: a key still does not unwrap (still closed).
+        """
+        with self._lock:
+            core = self._build(self._ring)
+            self._closed = None
+            self._install(self._ring, core)
+
+    def _forget_keys(self) -> None:
+        """Drop every plaintext data key this codec caches (called when it fails closed; default: none)."""
 
     def reload(self) -> bool:
         """Re-read the keystore; switch to a newer generation of the same ring. Returns True if it switched.
@@ -194,7 +263,7 @@ class KeyRingCodec:
             self._lock,  # one reload at a time, so an older ring can never be installed last
         ):
             ring = tracing.load_ring(self._keystore)
-            step = next_ring(self._ring, ring, refused_before=self.reload_refused, log=log)
+            step = next_ring(self._ring, ring, refused_before=self.reload_refused, log=log, pin=self.pin)
             if step.outcome != SWITCH:
                 self.reload_refused = step.refused
                 tracing.set_attributes(sp, outcome=step.outcome)
@@ -209,8 +278,13 @@ class KeyRingCodec:
         """Switch to `ring`: `seal` and `unseal` reach the new core's (traced) functions. Each core is a
         complete codec for the ring it was built from, so one operation racing a reload runs on the old
         ring or the new one, never a mix; `unseal` is switched first, so a token the new primary sealed
-        always meets a core that knows its kid."""
+        always meets a core that knows its kid. While the codec fails closed, the core installed refuses
+        everything (`mrtr_keys.codecs.kek.ClosedCore`) whatever `core` is."""
         self._ring, self._core = ring, core
+        if self._closed is not None:
+            from mrtr_keys.codecs.kek import ClosedCore
+
+            core = ClosedCore(self._closed, self._observer)
         seal, unseal = tracing.traced_codec(
             self.codec_type or "ring", self._audience, ring.primary.kid, core.seal, core.unseal
         )

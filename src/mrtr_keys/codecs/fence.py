@@ -27,6 +27,12 @@ The clock is monotonic and keeps counting while the process is paused, so a paus
   one look; a flood of forged kids costs at most one keystore check a second.
 
 A lease of 0 turns the fence off (`ensure` does nothing; `look_again` still works).
+
+Serving fenced out keeps a fleet available through a keystore outage, but such an instance cannot learn
+of a change, a revocation included (``mrtr-keys keys revoke``). `max_fenced_out` (seconds; the library's
+``max_fenced_out=``, ``serve --max-fenced-out``; off by default) caps it: once the instance has served
+fenced out that long, `ensure` raises `FencedOutTooLong` (the codec: `seal` raises it, `unseal` refuses
+with the reason `FENCED_OUT_TOO_LONG`; the sidecar answers 503) until a keystore check succeeds again.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.keystores.watch import lease_clock
 
 if TYPE_CHECKING:
@@ -55,6 +61,12 @@ FENCED_OUT = "fenced-out"
 UNKNOWN_KID = "unknown kid"
 """The codecs' reason code for a kid the loaded ring does not hold (`mrtr_keys.codecs.aesgcm`)."""
 MAX_LEASE = 86400.0
+FENCED_OUT_TOO_LONG = "fenced out too long"
+"""The reason code of an unseal refused because the instance served fenced out for `Fence.max_fenced_out`."""
+
+
+class FencedOutTooLong(BackendUnavailable):
+    """The instance has served fenced out (no successful keystore check) for longer than ``max_fenced_out``."""
 
 
 def default_lease(heartbeat_every: float) -> float:
@@ -86,6 +98,7 @@ class Fence:
         on_served: optional callable called once per call served fenced out (a metric's ``inc``).
         loaded_at: `lease_clock` time just before the instance read the ring it started with: the lease
             runs from there until the watcher's first check (None: the first call checks).
+        max_fenced_out: seconds the instance may serve fenced out before it refuses (None or 0: no cap).
 
     Attributes:
         sync_checks: keystore checks `ensure` made. looks: keystore checks `look_again` made.
@@ -105,9 +118,13 @@ class Fence:
         on_fenced: Callable[[str | None], Any] | None = None,
         loaded_at: float | None = None,
         on_served: Callable[[], Any] | None = None,
+        max_fenced_out: float | None = None,
     ) -> None:
         self.watcher = watcher
         self.lease = check_lease(lease)
+        self.max_fenced_out = check_lease(max_fenced_out or 0, "max_fenced_out") or None
+        self.fenced_since: float | None = None
+        """`lease_clock` time at which the instance started serving fenced out (None: it does not)."""
         self.look_gap = look_gap
         self.on_fenced = on_fenced
         self.on_served = on_served
@@ -148,8 +165,9 @@ class Fence:
         """Before serving: if the lease ran out, check the keystore now (see the module docstring).
 
         Blocks for at most one keystore check (its deadline), plus the wait for one already in progress.
-        Never raises for a keystore failure (the call is then served fenced out); raises `WatchedGone`
-        only if the watched codec is gone.
+        Raises `WatchedGone` if the watched codec is gone, and `FencedOutTooLong` once the instance has served
+        fenced out for `max_fenced_out` seconds; a keystore failure otherwise never raises (the call is then
+        served fenced out).
         """
         if not self.expired():
             if self.error is not None:  # the background watcher renewed the lease
@@ -167,6 +185,12 @@ class Fence:
                     return
                 self._retry_at = self.clock() + self.lease
                 self._fenced(self.watcher.error or "the keystore check did not succeed")
+            since = self.fenced_since
+            if self.max_fenced_out is not None and since is not None and self.clock() - since >= self.max_fenced_out:
+                raise FencedOutTooLong(
+                    f"refusing to serve: fenced out for {self.clock() - since:.0f} s (max_fenced_out "
+                    f"{self.max_fenced_out:g} s) without a successful keystore check ({self.error})"
+                )
             self.fenced_out += 1
             if self.on_served is not None:
                 self.on_served()
@@ -205,6 +229,12 @@ class Fence:
             self._renewed()
         if self.error is None:
             return None
+        since = self.fenced_since
+        if self.max_fenced_out is not None and since is not None and self.clock() - since >= self.max_fenced_out:
+            return (
+                f"fenced out for {self.clock() - since:.0f} s, over max_fenced_out {self.max_fenced_out:g} s: "
+                f"refusing to seal and unseal until a keystore check succeeds ({self.error})"
+            )
         return (
             f"fenced out: served {self.fenced_out} call(s) on the last good ring without a keystore check "
             f"({self.error})"
@@ -212,6 +242,7 @@ class Fence:
 
     def _fenced(self, reason: str) -> None:
         if self.error is None:
+            self.fenced_since = self.clock()
             log.warning(
                 "lease of %g s ran out and the keystore check failed: serving on the last good ring (fenced out): %s",
                 self.lease,
@@ -224,6 +255,7 @@ class Fence:
         if self.error is not None:
             log.warning("keystore check succeeded again: the lease is renewed (was fenced out)")
             self.error = None
+            self.fenced_since = None
             self._tell(None)
 
     def _tell(self, message: str | None) -> None:

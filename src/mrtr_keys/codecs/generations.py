@@ -5,8 +5,9 @@
 
 * ``unchanged``: it is the ring in use (equal in every field);
 * ``refused``: it must not replace the ring in use (`reload_refusal`: a lower generation, the same
-  generation with other content, or another ``ring_id``); a WARNING is logged once per distinct reason,
-  and the caller keeps the reason for readiness;
+  generation with other content, or another ``ring_id``; or the process's codec pin refuses it,
+  `mrtr_keys.codecs.pin`); a WARNING is logged once per distinct reason, and the caller keeps the
+  reason for readiness;
 * ``switch``: the caller builds its codec(s) for it, installs them in one assignment and reports the new
   generation (``ring_loaded`` on the codec's observer; the sidecar's audit sink).
 
@@ -19,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
+from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.ring.model import KeyRing
 
 UNCHANGED: Literal["unchanged"] = "unchanged"
@@ -68,7 +70,14 @@ def reload_refusal(loaded: KeyRing, stored: KeyRing) -> str | None:
     return None
 
 
-def next_ring(loaded: KeyRing, stored: KeyRing, *, refused_before: str | None, log: logging.Logger) -> NextRing:
+def next_ring(
+    loaded: KeyRing,
+    stored: KeyRing,
+    *,
+    refused_before: str | None,
+    log: logging.Logger,
+    pin: RingPin | None = None,
+) -> NextRing:
     """Decide whether `stored` replaces `loaded` (see the module docstring).
 
     Args:
@@ -76,10 +85,14 @@ def next_ring(loaded: KeyRing, stored: KeyRing, *, refused_before: str | None, l
         stored: the ring the keystore holds now.
         refused_before: the caller's last refusal, so the same one is logged only once.
         log: the caller's logger (``mrtr_keys.codecs`` or the sidecar's).
+        pin: the process's codec pin (`mrtr_keys.codecs.pin.RingPin`); a ring it refuses is refused.
     """
     if stored == loaded:
         return NextRing(UNCHANGED)
-    refusal = reload_refusal(loaded, stored)
+    pinned = pin.refusal(stored) if pin is not None else None
+    if pinned is not None:
+        pinned = f"{pinned}; still using generation {loaded.generation}"
+    refusal = pinned or reload_refusal(loaded, stored)
     if refusal is not None:
         if refusal != refused_before:
             log.warning("key ring not reloaded: %s", refusal)

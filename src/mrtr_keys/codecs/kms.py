@@ -9,6 +9,11 @@ than calling a KMS per token").
 Load rule (decision, docs/kms.md): the ring **refuses to load** if any usable key (verify or
 primary) fails to unwrap; the codec never runs with a partial ring, so a key that cannot seal
 or unseal is never silently skipped or made primary.
+
+The KMS key is checked again every ``kek_check_every`` seconds in the background (`mrtr_keys.codecs.kek`):
+one ``Decrypt`` of the primary's data key. A refusal (``DisabledException``, ``KMSInvalidStateException``,
+``AccessDeniedException``, ``NotFoundException``, any other 4xx) makes the codec fail closed until KMS
+answers again; throttling, 5xx and transport errors are an outage, and it keeps serving.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from mrtr_keys.codecs.base import KeyRingCodec
+from mrtr_keys.codecs.kek import KekCheck, check_every
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.pin import RingPin
+from mrtr_keys.errors import UnwrapError, WrappingKeyRevoked
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.providers.kms.client import ENV_KMS_KEY_ID, KMSSettings
 from mrtr_keys.providers.kms.service import KMSService
@@ -45,13 +53,15 @@ class KMSEnvelopeCodec(KeyRingCodec):
         settings: timeouts and retries for the default client.
         kms_key_id: optional pin (else ``MRTR_KEYS_KMS_KEY_ID``): refuse a ring wrapped under any
             other KMS key.
+        kek_check_every: seconds between checks of the KMS key (`mrtr_keys.codecs.kek`; None:
+            ``MRTR_KEYS_KEK_CHECK_EVERY``, else 300; 0: off).
 
     Raises:
         UnwrapError: a usable key does not unwrap (context, key id, ciphertext, access denied);
             the message names the kid and the KMS error code.
         BackendUnavailable: KMS unreachable, throttled or 5xx (after the configured timeouts
             and retries).
-        ConfigError: no AWS credentials or region; and everything `KeyRingCodec` raises.
+        ConfigError: no AWS credentials or region, a bad `kek_check_every`; and everything `KeyRingCodec` raises.
     """
 
     codec_type: ClassVar[str] = "kms"
@@ -66,8 +76,9 @@ class KMSEnvelopeCodec(KeyRingCodec):
         service: KMSService | None = None,
         settings: KMSSettings | None = None,
         kms_key_id: str | None = None,
+        kek_check_every: float | None = None,
     ) -> None:
-        self._init_kms(client, service, settings, kms_key_id)
+        self._init_kms(client, service, settings, kms_key_id, kek_check_every)
         super().__init__(keystore, audience=audience, observer=observer)
 
     @classmethod
@@ -81,10 +92,11 @@ class KMSEnvelopeCodec(KeyRingCodec):
         service: KMSService | None = None,
         settings: KMSSettings | None = None,
         kms_key_id: str | None = None,
+        kek_check_every: float | None = None,
     ) -> KMSEnvelopeCodec:
         """A codec over a ring already in memory (unwraps now; `reload()` then does nothing)."""
         self = cls.__new__(cls)
-        self._init_kms(client, service, settings, kms_key_id)
+        self._init_kms(client, service, settings, kms_key_id, kek_check_every)
         self._start(None, ring, audience=audience, observer=observer)
         return self
 
@@ -94,10 +106,36 @@ class KMSEnvelopeCodec(KeyRingCodec):
         service: KMSService | None,
         settings: KMSSettings | None,
         kms_key_id: str | None,
+        kek_check_every: float | None,
     ) -> None:
         self._kms = service or KMSService(client, settings or KMSSettings.from_env())
         self._pinned = kms_key_id or os.environ.get(ENV_KMS_KEY_ID) or None
+        if self._pinned:  # a ring of another type or KMS key is refused on reload too, not only at start
+            self.pin = RingPin("kms", self._pinned, "kms_key_id" if kms_key_id else ENV_KMS_KEY_ID)
         self._unwrapped: dict[_CacheKey, bytes] = {}
+        self._kek_every = check_every(kek_check_every)
+
+    def _start_kek(self) -> None:
+        if self._kek_every > 0:
+            self.kek = KekCheck(self, self._kek_every, what=f"KMS key {ring_key_id(self._ring, self._pinned)}").start()
+
+    def check_wrapping_key(self) -> None:
+        """One ``Decrypt`` of the primary's data key (`mrtr_keys.codecs.kek`): the KMS key still answers.
+
+        Raises:
+            WrappingKeyRevoked: KMS refused (disabled, pending deletion, not found, access denied, ...).
+            BackendUnavailable: KMS unreachable, throttled or 5xx; ConfigError: no credentials.
+        """
+        ring = self._ring
+        key = ring.primary
+        try:
+            key_id = ring_key_id(ring, self._pinned)
+            self._kms.decrypt(checked_wrapped_key(ring, key, key_id), key_id, kid=key.kid)
+        except UnwrapError as exc:
+            raise WrappingKeyRevoked(f"KMS refused to decrypt the data key of {key.kid}: {exc}") from None
+
+    def _forget_keys(self) -> None:
+        self._unwrapped = {}
 
     def _ring_keys(self, ring: KeyRing) -> Mapping[str, bytes]:
         """One ``Decrypt`` per usable key not already unwrapped from the identical wrapped entry.

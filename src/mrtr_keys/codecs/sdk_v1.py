@@ -6,7 +6,7 @@ still on the SDK and instances on mrtr-keys read each other's rounds: `SDKTokenC
 to the SDK's `AESGCMRequestStateCodec` (``mcp/server/request_state.py``: HKDF-SHA256 key, 4-byte kid,
 ``"v1." + base64url(kid || nonce || ciphertext+tag)``) and never restates its cryptography. It only
 reads the kid from the token's framing first (the same framing as ours, `mrtr_keys.token`), for the
-reason codes ``unknown kid`` / ``retired kid`` and the audit log.
+reason codes ``unknown kid`` / ``retired kid`` / ``revoked kid`` and the audit log.
 
 Audience: the SDK's codec does not bind one; the SDK's boundary puts it in the envelope claim ``aud``
 (``RequestStateBoundary._seal``) and checks it on the way in. So an SDK-format key seals and opens only
@@ -25,11 +25,20 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES, NONCE_BYTES, TAG_BYTES, AESGCMTokenCore, rejected
+from mrtr_keys.codecs.aesgcm import (
+    MAX_PAYLOAD_BYTES,
+    NONCE_BYTES,
+    RETIRED_KID,
+    REVOKED_KID,
+    TAG_BYTES,
+    AESGCMTokenCore,
+    refused_kids,
+    rejected,
+)
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as MK1_PREFIX
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import KeyRingError, MrtrKeysError
-from mrtr_keys.ring.model import KeyFormat, KeyRing, KeyState
+from mrtr_keys.ring.model import KeyFormat, KeyRing
 from mrtr_keys.token import KID_BYTES, MalformedToken, b64u_decode, unpack
 
 if TYPE_CHECKING:
@@ -74,13 +83,13 @@ class SDKTokenCore:
         primary_kid: the kid that seals, or None when the ring's primary is not an SDK key.
         audience: the ``aud`` claim every envelope sealed or opened here must carry.
         known: every kid of the ring (to say ``retired kid`` or ``other format`` instead of ``unknown kid``).
-        retired: the ring's retired kids.
+        retired: the ring's retired kids. revoked: its revoked kids.
 
     Raises:
         KeyRingError: a kid is not the one the SDK derives from its secret (an edited ring).
     """
 
-    __slots__ = ("_audience", "_codec", "_kids", "_known", "_observer", "_primary", "_retired")
+    __slots__ = ("_audience", "_codec", "_kids", "_known", "_observer", "_primary", "_retired", "_revoked")
 
     def __init__(
         self,
@@ -91,6 +100,7 @@ class SDKTokenCore:
         known: frozenset[str] = frozenset(),
         retired: frozenset[str] = frozenset(),
         observer: CodecObserver | None = None,
+        revoked: frozenset[str] = frozenset(),
     ) -> None:
         order = sorted(secrets, key=lambda kid: kid != primary_kid)  # the SDK seals with keys[0]
         for kid in order:
@@ -101,7 +111,7 @@ class SDKTokenCore:
         self._kids = frozenset(order)
         self._primary = primary_kid
         self._audience = audience
-        self._known, self._retired = known, retired
+        self._known, self._retired, self._revoked = known, retired, revoked
         self._observer = observer
 
     def __repr__(self) -> str:
@@ -160,7 +170,9 @@ class SDKTokenCore:
     def refuse(self, kid: str, token: str) -> NoReturn:
         """Reject a token whose kid no usable key of its format holds, saying why."""
         if kid in self._retired:
-            self._rejected(kid, token, "retired kid")
+            self._rejected(kid, token, RETIRED_KID)
+        if kid in self._revoked:
+            self._rejected(kid, token, REVOKED_KID)
         self._rejected(kid, token, "other format" if kid in self._known else "unknown kid")
 
     def _rejected(self, kid: str | None, token: object, reason: str) -> NoReturn:
@@ -198,15 +210,23 @@ def build_core(
     Raises:
         ValueError: a ring key is not 32 bytes. KeyRingError: an SDK key's kid is not its own.
     """
-    retired = frozenset(k.kid for k in ring.keys if k.state is KeyState.RETIRED)
+    retired, revoked = refused_kids(ring)
     primary = ring.primary
     sdk = {k.kid: k.material for k in ring.usable_keys() if k.format is KeyFormat.SDK_V1 and k.material is not None}
     if not any(k.format is KeyFormat.SDK_V1 for k in ring.keys):
-        return AESGCMTokenCore(keys, primary_kid=primary.kid, audience=audience, retired=retired, observer=observer)
+        return AESGCMTokenCore(
+            keys, primary_kid=primary.kid, audience=audience, retired=retired, revoked=revoked, observer=observer
+        )
     sdk_primary = primary.kid if primary.format is KeyFormat.SDK_V1 else None
     known = frozenset(k.kid for k in ring.keys)
     sdk_core = SDKTokenCore(
-        sdk, primary_kid=sdk_primary, audience=audience, known=known, retired=retired, observer=observer
+        sdk,
+        primary_kid=sdk_primary,
+        audience=audience,
+        known=known,
+        retired=retired,
+        revoked=revoked,
+        observer=observer,
     )
     mk1_keys = {kid: key for kid, key in keys.items() if kid not in sdk}
     mk1_core: AESGCMTokenCore | None = None
@@ -214,7 +234,7 @@ def build_core(
         # The mk1 core needs a sealing kid; while an SDK key is primary its `seal` is never called.
         mk1_primary = primary.kid if sdk_primary is None else next(iter(mk1_keys))
         mk1_core = AESGCMTokenCore(
-            mk1_keys, primary_kid=mk1_primary, audience=audience, retired=retired, observer=observer
+            mk1_keys, primary_kid=mk1_primary, audience=audience, retired=retired, revoked=revoked, observer=observer
         )
     if sdk_primary is not None:
         seal = sdk_core.seal

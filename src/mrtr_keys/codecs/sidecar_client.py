@@ -27,7 +27,7 @@ import orjson
 from mcp.server.mcpserver import InvalidRequestState, RequestStateSecurity
 
 from mrtr_keys.codecs.sidecar_transport import sidecar_transport
-from mrtr_keys.errors import BackendUnavailable, ConfigError
+from mrtr_keys.errors import BackendUnavailable, ConfigError, check_keywords, keywords_of
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode
 from mrtr_keys.urls import redact
 
@@ -218,9 +218,10 @@ def sidecar_security(
     starting beside this one), the check is skipped and logged, and the codec connects on first use.
 
     Raises:
-        ConfigError: bad URL or secret, a secret the running sidecar refuses, or `ttl` longer than the
-            ring's TTL.
+        ConfigError: bad URL or secret, a secret the running sidecar refuses, `ttl` longer than the
+            ring's TTL, or a keyword `SidecarCodec` does not take (named with the closest one).
     """
+    check_keywords(options, keywords_of(sidecar_security, SidecarCodec.__init__), "sidecar_security()")
     codec = SidecarCodec(url, audience=audience, secret=secret, **options)
     try:
         ring_ttl = codec.describe().get("ttl_seconds")

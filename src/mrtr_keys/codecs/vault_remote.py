@@ -23,12 +23,12 @@ import base64
 import binascii
 from collections.abc import Callable
 
-from mrtr_keys.codecs.aesgcm import rejected
+from mrtr_keys.codecs.aesgcm import RETIRED_KID, REVOKED_KID, refused_kids, rejected
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import BackendUnavailable, MrtrKeysError
 from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
 from mrtr_keys.providers.vault.params import TransitParams, b64, key_version, split_vault_ciphertext, vault_ciphertext
-from mrtr_keys.ring.model import KeyRing, KeyState
+from mrtr_keys.ring.model import KeyRing
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, kid_to_bytes, pack, unpack
 
 TOKEN_PREFIX = "mkv1."  # noqa: S105 - a format version, not a secret
@@ -75,7 +75,10 @@ class RemoteTransitCore:
         self._primary = kid_to_bytes(ring.primary.kid)
         self._primary_version = key_version(ring.primary)
         self._versions = {kid_to_bytes(k.kid): (k.kid, key_version(k)) for k in ring.usable_keys()}
-        self._retired = frozenset(kid_to_bytes(k.kid) for k in ring.keys if k.state is KeyState.RETIRED)
+        retired, revoked = refused_kids(ring)
+        self._refused = {kid_to_bytes(k): RETIRED_KID for k in retired} | {
+            kid_to_bytes(k): REVOKED_KID for k in revoked
+        }
 
     def seal(self, payload: bytes) -> str:
         """Seal `payload` with the primary key's transit version; returns a ``mkv1.`` token.
@@ -110,7 +113,7 @@ class RemoteTransitCore:
         """Unseal a token minted for this audience under a verify or primary key of the ring.
 
         Raises:
-            InvalidRequestState: malformed, too long, unknown or retired kid, version mismatch,
+            InvalidRequestState: malformed, too long, unknown, retired or revoked kid, version mismatch,
                 or refused by Vault (reason codes as in `AESGCMTokenCore`, plus ``version`` and
                 ``vault refused``).
             BackendUnavailable: Vault unreachable or answering 5xx.
@@ -121,7 +124,7 @@ class RemoteTransitCore:
             rejected(self._observer, None, token, str(exc))
         entry = self._versions.get(raw_kid)
         if entry is None:
-            rejected(self._observer, raw_kid, token, "retired kid" if raw_kid in self._retired else "unknown kid")
+            rejected(self._observer, raw_kid, token, self._refused.get(raw_kid, "unknown kid"))
         kid, version = entry
         if int.from_bytes(body[:VERSION_BYTES], "big") != version:
             rejected(self._observer, raw_kid, token, "version")

@@ -19,6 +19,12 @@ Rotation (see docs/vault.md): ``begin`` rotates the transit key and records the 
 version; ``promote`` only changes the ring; ``retire`` raises the transit key's
 ``min_encryption_version`` and ``min_decryption_version`` to the new primary's version.
 
+Datakey mode re-checks the transit key every ``kek_check_every`` seconds in the background
+(`mrtr_keys.codecs.kek`): one ``transit/decrypt`` of the primary's data key. A refusal (HTTP 4xx after
+the client's re-login: 403 for a policy removed, 400 for a deleted key or a version below
+``min_decryption_version``) makes the codec fail closed until Vault answers again; 429, 412, 5xx and
+transport errors are an outage, and it keeps serving. (Remote mode asks Vault for every token anyway.)
+
 Errors: `unseal` raises the MCP SDK's `InvalidRequestState` for any token it did not
 mint unmodified, including every ciphertext Vault refuses (HTTP 4xx: wrong context,
 corrupted, version below ``min_decryption_version``), and never asks Vault about a
@@ -35,11 +41,12 @@ import os
 from collections.abc import Mapping
 
 from mrtr_keys.codecs.base import KeyRingCodec, TokenCore
+from mrtr_keys.codecs.kek import KekCheck, check_every
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.vault_remote import TOKEN_PREFIX, VERSION_BYTES, RemoteTransitCore, TransitEncryptError
-from mrtr_keys.errors import ConfigError, KeyRingError, UnwrapError
+from mrtr_keys.errors import BackendUnavailable, ConfigError, KeyRingError, UnwrapError, WrappingKeyRevoked
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
+from mrtr_keys.providers.vault.client import LoginRefused, VaultClient, VaultRefused
 from mrtr_keys.providers.vault.params import (
     CODEC_TYPE,
     TransitParams,
@@ -75,6 +82,8 @@ class VaultTransitCodec(KeyRingCodec):
         mode: optional ``remote`` / ``datakey`` to assert the ring's mode.
         client: a `VaultClient` (default: one from the VAULT_* / BAO_* environment).
         observer: optional `CodecObserver` (audit); never sees plaintext.
+        kek_check_every: datakey mode: seconds between checks of the transit key (`mrtr_keys.codecs.kek`;
+            None: ``MRTR_KEYS_KEK_CHECK_EVERY``, else 300; 0: off).
 
     `remote_per_token` is True in remote mode (one Vault call per token), False in datakey mode.
 
@@ -97,9 +106,11 @@ class VaultTransitCodec(KeyRingCodec):
         mode: str | None = None,
         client: VaultClient | None = None,
         observer: CodecObserver | None = None,
+        kek_check_every: float | None = None,
     ) -> None:
         self._mode_asked = mode
         self._client_given = client
+        self._kek_every = check_every(kek_check_every)
         super().__init__(keystore, audience=audience, observer=observer)
 
     def _configure(self, ring: KeyRing) -> None:
@@ -162,6 +173,40 @@ class VaultTransitCodec(KeyRingCodec):
             keys[key.kid] = data_key
         self._unwrapped = cache
         return keys
+
+    def _start_kek(self) -> None:
+        if self._params.mode == "datakey" and getattr(self, "_kek_every", 0) > 0:
+            what = f"Vault transit key {self._params.mount}/keys/{self._params.key}"
+            self.kek = KekCheck(self, self._kek_every, what=what).start()
+
+    def check_wrapping_key(self) -> None:
+        """Datakey mode: one ``transit/decrypt`` of the primary's data key (`mrtr_keys.codecs.kek`).
+
+        Raises:
+            WrappingKeyRevoked: Vault refused (HTTP 4xx but 412 and 429, after the client's one re-login on a
+                403; or the re-login itself refused): a policy without decrypt, a deleted key, a version below
+                ``min_decryption_version``.
+            BackendUnavailable: Vault unreachable, sealed, 5xx, 412 or 429.
+        """
+        ring = self._ring
+        key = ring.primary
+        wrapped = key.key_data.get("wrapped_key")
+        if not isinstance(wrapped, str):
+            raise KeyRingError(f"key {key.kid}: key_data.wrapped_key is missing (datakey mode)")
+        try:
+            self._client.decrypt(
+                self._params.mount,
+                self._params.key,
+                ciphertext=wrapped,
+                context_b64=datakey_context(ring.ring_id, key.kid),
+            )
+        except (VaultRefused, LoginRefused) as exc:
+            if exc.status in (412, 429):  # an eventual-consistency retry, a rate limit: an outage
+                raise BackendUnavailable(str(exc)) from None
+            raise WrappingKeyRevoked(f"Vault refused to decrypt the data key of {key.kid}: {exc}") from None
+
+    def _forget_keys(self) -> None:
+        self._unwrapped = {}
 
     def _unwrap(self, ring: KeyRing, key: Key, wrapped: str) -> bytes:
         try:

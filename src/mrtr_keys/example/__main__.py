@@ -3,7 +3,7 @@
     python -m mrtr_keys.example --keystore PATH --audience NAME --host 127.0.0.1 --port N
         [--codec-from-ring | --sdk-default-key | --sidecar URL | --sdk-key-file PATH] [--instance NAME]
         [--ttl SECONDS] [--reload-every SECONDS] [--heartbeat-every SECONDS] [--lease SECONDS]
-        [--create-ring]
+        [--max-fenced-out SECONDS] [--kek-check-every SECONDS] [--create-ring]
 
 Key sources (mutually exclusive):
   --codec-from-ring (default)  ``mrtr_keys.request_state_security(keystore, audience=NAME)``: the codec the
@@ -84,6 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
         "successful check (default 3 heartbeats; 0: off)",
     )
     parser.add_argument(
+        "--max-fenced-out",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="refuse to seal and unseal once served this long fenced out (keystore unreachable past the lease; "
+        "default: no cap)",
+    )
+    parser.add_argument(
+        "--kek-check-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="check a KMS / Vault data-key ring's wrapping key this often (default $MRTR_KEYS_KEK_CHECK_EVERY, "
+        "else 300; 0: off)",
+    )
+    parser.add_argument(
         "--create-ring", action="store_true", help="create a local key ring at --keystore if none exists there"
     )
     add_key_source_options(parser)
@@ -129,7 +145,8 @@ def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
     """Extra keyword arguments for `mrtr_keys.request_state_security` from the key-source flags.
 
     Empty for ``--codec-from-ring`` but for the watcher and presence options (``reload_every``,
-    ``instance``, ``heartbeat_every``, ``lease``); ``--sidecar URL`` gives ``sidecar=URL``.
+    ``instance``, ``heartbeat_every``, ``lease``, ``max_fenced_out``, ``kek_check_every``); ``--sidecar URL``
+    gives ``sidecar=URL``.
     """
     if getattr(args, "sidecar", None):
         return {"sidecar": args.sidecar}
@@ -140,6 +157,10 @@ def request_state_options(args: argparse.Namespace) -> dict[str, Any]:
         options["heartbeat_every"] = args.heartbeat_every
     if args.lease is not None:
         options["lease"] = args.lease
+    if args.max_fenced_out is not None:
+        options["max_fenced_out"] = args.max_fenced_out
+    if args.kek_check_every is not None:
+        options["kek_check_every"] = args.kek_check_every
     if args.instance:
         options["instance"] = args.instance
     return options
@@ -216,6 +237,11 @@ def serve(args: argparse.Namespace) -> None:
     """
     import uvicorn
 
+    from mrtr_keys.hardening import core_dumps_allowed, harden_process
+
+    hardening = harden_process()  # before the ring's keys are read (MRTR_KEYS_ALLOW_CORE_DUMPS=1: not)
+    if not hardening.hardened and not core_dumps_allowed():  # not Linux, or refused: one line
+        print(f"warning: {hardening.note}", file=sys.stderr, flush=True)
     security = security_from_args(args)
     # One plain line per record (the SDK's rich handler would wrap them); set before MCPServer's own setup.
     logging.basicConfig(level=logging.INFO, format="%(levelname)-8s %(name)s: %(message)s", stream=sys.stderr)

@@ -301,8 +301,12 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
         stuck = watcher.stuck_note() if watcher is not None else None
         fence = getattr(target, "fence", None)
         fenced = fence.note() if fence is not None else None
-        if stuck:
-            note: str | None = stuck
+        kek = getattr(target, "kek", None)
+        closed = kek.note() if kek is not None else None
+        if closed and kek is not None and kek.closed:  # failing closed says more than anything else
+            note: str | None = closed
+        elif stuck:
+            note = stuck
         elif refused:
             note = f"refused a ring: {refused}"
         elif fenced:
@@ -312,7 +316,7 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
         elif watcher.error:
             note = f"keystore: {watcher.error}"
         else:
-            note = None
+            note = closed  # the wrapping key could not be checked (an outage), or None
         return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 
     return view

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import re
 
-READS_SINCE: dict[str, str] = {}
+KEY_STATE_REVOKED = "key state revoked"
+"""A key in state ``revoked`` (`mrtr_keys.changes.revoke`)."""
+
+READS_SINCE: dict[str, str] = {KEY_STATE_REVOKED: "0.2.0"}
 """Ring feature -> the first release (PEP 440 ``X.Y.Z``) whose ring reader accepts it. A feature is
 named for what the document holds, e.g. ``"key format mk2"`` or ``"key state revoked"``; each issue
 that adds one registers it here with this release (`mrtr_keys.version.__version__`)."""

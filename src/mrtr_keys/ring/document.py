@@ -112,7 +112,7 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
     try:
         state = KeyState(str(entry.get("state")))
     except ValueError:
-        raise KeyRingError(f"key {kid}: state must be verify, primary or retired") from None
+        raise KeyRingError(f"key {kid}: state must be verify, primary, retired or revoked") from None
     try:
         key_format = KeyFormat(str(entry.get("format", KeyFormat.MK1.value)))
     except ValueError:
@@ -137,6 +137,9 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
     created = parse_time(entry.get("created_at"), f"key {kid} created_at")
     if created is None:
         raise KeyRingError(f"key {kid}: created_at is required")
+    reason, by = entry.get("revoked_reason"), entry.get("revoked_by")
+    if not (reason is None or isinstance(reason, str)) or not (by is None or isinstance(by, str)):
+        raise KeyRingError(f"key {kid}: revoked_reason and revoked_by must be strings")
     return Key(
         kid=kid,
         state=state,
@@ -148,6 +151,9 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
         key_data=key_data,
         destroyed_at=destroyed,
         format=key_format,
+        revoked_at=parse_time(entry.get("revoked_at"), f"key {kid} revoked_at"),
+        revoked_reason=reason,
+        revoked_by=by,
     )
 
 

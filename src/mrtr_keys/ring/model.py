@@ -21,6 +21,10 @@ Key states (the three rotation phases of the MCP SDK docs): ``verify`` (unseals
 only), ``primary`` (seals and unseals; exactly one), ``retired`` (neither). A destroyed key
 (`mrtr_keys.changes.lifecycle`) stays ``retired``, with ``destroyed_at`` and no material; a TTL
 lowering not yet in force waits in ``ttl_lowering`` (``{"ttl_seconds", "requested_at"}``).
+``revoked`` (neither, for good: `mrtr_keys.changes.revoke`, a leaked key) carries ``revoked_at``,
+``revoked_reason`` and ``revoked_by``, and usually ``destroyed_at`` (its material removed at once);
+codecs refuse its tokens with the reason ``revoked kid``. Releases before 0.2.0 do not read it
+(`mrtr_keys.ring.compat`).
 ``material`` is present for the local codec; codecs whose keys live elsewhere
 (KMS, Vault) keep their per-key fields in ``key_data`` instead (wrapped key,
 KMS key id, encryption context, transit key version).
@@ -69,6 +73,11 @@ class KeyState(StrEnum):
     VERIFY = "verify"
     PRIMARY = "primary"
     RETIRED = "retired"
+    REVOKED = "revoked"
+
+
+MAX_REVOKED_REASON = 500
+"""Longest ``revoked_reason`` (characters): a sentence for the incident record, not a report."""
 
 
 def check_ttl(ttl: object) -> float:
@@ -147,11 +156,19 @@ class Key:
     destroyed_at: datetime | None = None
     key_data: Mapping[str, Any] = field(default_factory=dict, repr=False)
     format: KeyFormat = KeyFormat.MK1
+    revoked_at: datetime | None = None
+    revoked_reason: str | None = None
+    revoked_by: str | None = None
 
     @property
     def usable(self) -> bool:
         """True if tokens under this key may be unsealed (state verify or primary)."""
-        return self.state is not KeyState.RETIRED
+        return self.state is KeyState.VERIFY or self.state is KeyState.PRIMARY
+
+    @property
+    def revoked(self) -> bool:
+        """True once the key was revoked (`mrtr_keys.changes.revoke`): final, never usable again."""
+        return self.state is KeyState.REVOKED
 
     @property
     def destroyed(self) -> bool:
@@ -159,8 +176,9 @@ class Key:
         return self.destroyed_at is not None
 
     def describe(self) -> dict[str, Any]:
-        """Public fields only (no material, no wrapped key): kid, state and times
-        (``destroyed_at`` only for a destroyed key, so older readers see the same document)."""
+        """Public fields only (no material, no wrapped key): kid, state and times (``destroyed_at`` only for
+        a destroyed key and the ``revoked_*`` fields only for a revoked one, so older readers see the same
+        document)."""
         out = {
             "kid": self.kid,
             "state": self.state.value,
@@ -172,7 +190,15 @@ class Key:
         }
         if self.destroyed_at is not None:
             out["destroyed_at"] = format_time(self.destroyed_at)
+        if self.state is KeyState.REVOKED:
+            out["revoked_at"] = format_time(self.revoked_at)
+            out["revoked_reason"] = self.revoked_reason
+            out["revoked_by"] = self.revoked_by
         return out
+
+
+CODEC_TYPES = frozenset({"local", "kms", "vault-transit"})
+"""The codec types a ring may record (each has its backend, `mrtr_keys.backends`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,8 +344,9 @@ def _validate(ring: KeyRing) -> None:
                 raise KeyRingError(f"key {k.kid}: an SDK key is {MIN_SDK_KEY_BYTES} to {MAX_SDK_KEY_BYTES} bytes")
         elif k.material is not None and len(k.material) != KEY_BYTES:
             raise KeyRingError(f"key {k.kid}: material must be {KEY_BYTES} bytes")
-        if k.destroyed_at is not None and (k.state is not KeyState.RETIRED or k.material is not None or k.key_data):
-            raise KeyRingError(f"key {k.kid}: a destroyed key is retired and has no material or key_data")
+        if k.destroyed_at is not None and (not _ended(k) or k.material is not None or k.key_data):
+            raise KeyRingError(f"key {k.kid}: a destroyed key is retired or revoked and has no material or key_data")
+        _validate_revocation(k)
     primaries = [k.kid for k in ring.keys if k.state is KeyState.PRIMARY]
     if not primaries:
         raise KeyRingError("key ring has no primary key (exactly one is required)")
@@ -335,3 +362,21 @@ def _validate(ring: KeyRing) -> None:
     for a in ring.audiences:
         if not a:
             raise KeyRingError("an audience is a non-empty string")
+
+
+def _ended(key: Key) -> bool:
+    return key.state is KeyState.RETIRED or key.state is KeyState.REVOKED
+
+
+def _validate_revocation(k: Key) -> None:
+    """A revoked key has its time, reason and author; any other key has none of them."""
+    fields = (k.revoked_at, k.revoked_reason, k.revoked_by)
+    if k.state is not KeyState.REVOKED:
+        if any(f is not None for f in fields):
+            raise KeyRingError(f"key {k.kid}: revoked_at, revoked_reason and revoked_by belong to a revoked key")
+        return
+    if k.revoked_at is None:
+        raise KeyRingError(f"key {k.kid}: a revoked key needs revoked_at (when it was revoked, UTC)")
+    for name, value in (("revoked_reason", k.revoked_reason), ("revoked_by", k.revoked_by)):
+        if not isinstance(value, str) or not value.strip() or len(value) > MAX_REVOKED_REASON:
+            raise KeyRingError(f"key {k.kid}: {name} must be text of 1 to {MAX_REVOKED_REASON} characters")

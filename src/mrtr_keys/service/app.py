@@ -41,6 +41,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
 from mrtr_keys.audit.service_sink import sidecar_audit
+from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore
 from mrtr_keys.service import schemas
@@ -147,11 +148,15 @@ def _core(
         store = open_keystore(keystore or config.keystore, state_dir=config.state_dir)
     else:
         store = keystore
+    pin = RingPin.from_settings(config.expect_codec, (backend_options or {}).get("kms_key_id"))
+    options = dict(backend_options or {})
+    if config.kek_check_every is not None:
+        options.setdefault("kek_check_every", config.kek_check_every)
+    ring = RingState(store, backend_options=options, pin=pin)  # a refused ring starts no audit writer
     if audit is None and config.audit_factory:
         audit = _load_audit(config)
     elif audit is None:  # default: MRTR_KEYS_AUDIT, else audit.db beside the ring; "off" disables (docs/audit.md)
         audit = sidecar_audit(store.directory, audit=config.audit, strict=config.strict_audit)
-    ring = RingState(store, backend_options=backend_options)
     auth = ClientAuth(registry_path(store.directory, config.clients))
     ring.prepare(auth.registry.audiences())
     return SidecarCore(ring, auth, config, audit=audit)
@@ -297,6 +302,9 @@ def app_from_env() -> SidecarApp:
     configure_logging(level=logging.INFO)  # the format the parent chose (MRTR_KEYS_LOG_FORMAT)
     raw = os.environ.get(ENV_CONFIG)
     config = ServiceConfig.from_json(json.loads(raw)) if raw else ServiceConfig()
+    from mrtr_keys.hardening import harden_process
+
+    harden_process(allow_core_dumps=config.allow_core_dumps)  # this process will hold the ring's keys
     app = create_app(config)
     tune_gc()
     return app

@@ -14,6 +14,8 @@ over the file, the file wins over the defaults::
     instance = "sidecar-1"                    # presence name (else MRTR_KEYS_INSTANCE, else host:pid)
     heartbeat_interval = 10.0                 # seconds between presence heartbeats
     lease = 30.0                              # self-fencing lease (default 3 heartbeats; 0: off)
+    max_fenced_out = 600.0                    # refuse after serving fenced out this long (default: off)
+    kek_check_every = 300.0                   # seconds between checks of a KMS / Vault wrapping key (0: off)
     max_body_bytes = 4259840                  # default: the 4 MiB token cap + 64 KiB of JSON around it
     max_batch_items = 256
     http = "corked"                           # or "httptools": uvicorn's own writes (else --http / MRTR_KEYS_HTTP)
@@ -34,6 +36,9 @@ over the file, the file wins over the defaults::
     single_use_clients = ["billing"]          # only these clients' unseals (default: every unseal)
     single_use_audiences = ["payments"]       # ... or these audiences'
     on_replay_store_error = "deny"            # "allow": serve unseals unrecorded while the store fails
+    expect_codec = "kms"                      # refuse rings of another codec (else --expect-codec /
+                                              # MRTR_KEYS_EXPECT_CODEC; MRTR_KEYS_KMS_KEY_ID implies kms)
+    allow_core_dumps = false                  # true: stay dumpable (debugging; else --allow-core-dumps)
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.ring.model import CODEC_TYPES
 from mrtr_keys.token import MAX_TOKEN_CHARS
 from mrtr_keys.urls import redact
 
@@ -119,6 +125,18 @@ class ServiceConfig:
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
     None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
+    max_fenced_out: float | None = None
+    """Seconds the sidecar may serve fenced out (keystore unreachable past the lease) before it answers 503
+    (`mrtr_keys.codecs.fence.Fence.max_fenced_out`); None or 0: no cap."""
+    kek_check_every: float | None = None
+    """Seconds between checks of a data-key ring's wrapping key (`mrtr_keys.codecs.kek`); None:
+    ``MRTR_KEYS_KEK_CHECK_EVERY``, else 300; 0: off."""
+    allow_core_dumps: bool = False
+    """Leave the sidecar, its workers and its children dumpable, with core dumps as the system sets them
+    (`mrtr_keys.hardening`); by default they are not dumpable and write no core file."""
+    expect_codec: str | None = None
+    """The only codec type whose rings are loaded (`mrtr_keys.codecs.pin`); None: ``MRTR_KEYS_EXPECT_CODEC``,
+    else any (``MRTR_KEYS_KMS_KEY_ID`` pins ``kms`` and the KMS key)."""
 
     def __post_init__(self) -> None:
         for name in ("single_use_clients", "single_use_audiences"):
@@ -150,10 +168,17 @@ class ServiceConfig:
         h = self.heartbeat_interval
         if not (isinstance(h, int | float) and not isinstance(h, bool) and 0.05 <= h <= 3600):
             raise ConfigError("heartbeat_interval must be a number of seconds from 0.05 to 3600")
-        if self.lease is not None:
+        if self.lease is not None or self.max_fenced_out is not None:
             from mrtr_keys.codecs.fence import check_lease
 
-            check_lease(self.lease)
+            if self.lease is not None:
+                check_lease(self.lease)
+            if self.max_fenced_out is not None:
+                check_lease(self.max_fenced_out, "max_fenced_out")
+        if self.kek_check_every is not None:
+            from mrtr_keys.codecs.kek import check_every
+
+            check_every(self.kek_check_every)
         if self.instance is not None:
             from mrtr_keys.fleet.presence import instance_name
 
@@ -162,6 +187,8 @@ class ServiceConfig:
             raise ConfigError("host must be a non-empty string")
         if self.audit is not None and not isinstance(self.audit, str):
             raise ConfigError("audit must be a store URL (sqlite:///PATH, postgresql://..., jsonl:///PATH) or off")
+        if self.expect_codec is not None and self.expect_codec not in CODEC_TYPES:
+            raise ConfigError(f"expect_codec must be one of {', '.join(sorted(CODEC_TYPES))}")
         if self.log_format not in (None, "text", "json"):
             raise ConfigError("log_format must be text or json")
         if self.audit_retention is not None:
@@ -173,6 +200,8 @@ class ServiceConfig:
             raise ConfigError("audit_retention_interval must be a number of seconds from 0.05 to 604800")
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
+        if not isinstance(self.allow_core_dumps, bool):
+            raise ConfigError("allow_core_dumps must be true or false")
         if self.http not in HTTP_CHOICES:
             raise ConfigError(f"http must be one of {', '.join(HTTP_CHOICES)}")
         _int_in("max_header_bytes", self.max_header_bytes, 1024, 1024 * 1024)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from mrtr_keys.backends import Codec
-from mrtr_keys.codecs.fence import FENCED_OUT, UNKNOWN_KID
+from mrtr_keys.codecs.fence import FENCED_OUT, FENCED_OUT_TOO_LONG, UNKNOWN_KID, FencedOutTooLong
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.replay.service_guard import STORE_UNAVAILABLE
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
@@ -266,12 +267,24 @@ class SidecarCore(RingLifecycle):
     async def _item(self, op: str, client: Client, item: object, loc: Loc) -> Outcome:
         """One seal or unseal item, start to end (awaits only to open a codec, run a remote one, or check the
         keystore: the lease ran out, or an unseal met an unknown kid and the ring is looked at once more)."""
-        await self._fenced()
+        refusal = await self._fence_refusal(op)
+        if refusal is not None:
+            return refusal
         generation = self.ring.ring.generation
         out = await self._item_once(op, client, item, loc)
         if op == "unseal" and out.reason == UNKNOWN_KID and await self._look_again(generation):
             out = await self._item_once(op, client, item, loc)
         return out
+
+    async def _fence_refusal(self, op: str) -> Outcome | None:
+        """The lease check (`RingLifecycle._fenced`); a 503 outcome once the sidecar has served fenced out for
+        ``--max-fenced-out`` (`mrtr_keys.codecs.fence.FencedOutTooLong`), else None."""
+        try:
+            await self._fenced()
+        except FencedOutTooLong as exc:
+            log.warning("%s refused: %s", op, exc)
+            return Outcome("unavailable", 503, UNAVAILABLE_BODY, reason=FENCED_OUT_TOO_LONG)
+        return None
 
     async def _item_once(self, op: str, client: Client, item: object, loc: Loc) -> Outcome:
         """One seal or unseal item on the current snapshot."""
@@ -342,7 +355,7 @@ class SidecarCore(RingLifecycle):
         Same results, audit events and counts as running `_item` per item: each item is checked,
         sealed or unsealed on the loop, audited, and counted (counters added once per batch).
         """
-        await self._fenced()
+        refusal = await self._fence_refusal(op)
         fence = self.fence
         fenced = FENCED_OUT if fence is not None and fence.error is not None else None  # the ok events' reason
         seal = op == "seal"
@@ -364,6 +377,8 @@ class SidecarCore(RingLifecycle):
                 checked = check(client, item, ("items", i))
                 if isinstance(checked, Outcome):
                     out = checked
+                elif refusal is not None:
+                    out = replace(refusal, audience=checked[0])
                 else:
                     audience, value = checked
                     codec = codecs.get(audience)

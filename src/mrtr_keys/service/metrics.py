@@ -119,8 +119,12 @@ class SidecarMetrics:
         self.registry.register(_StoresCollector(down))
 
     def watch_ring(self, ring: Any) -> None:
-        """Export the phase, the load time and the codec rejections of `ring` (a `RingState`), at scrape time."""
+        """Export the phase, the load time and the codec rejections of `ring` (a `RingState`), and the wrapping
+        key's checks (`mrtr_keys.codecs.kek.KekCollector`), at scrape time."""
+        from mrtr_keys.codecs.kek import KekCollector
+
         self.registry.register(_RingCollector(ring))
+        self.registry.register(KekCollector("mrtr_sidecar"))  # type: ignore[arg-type]
 
     def watch_watcher(self, watcher: Any) -> None:
         """Export the ring watcher's last completed check and whether it is stuck (at scrape time)."""

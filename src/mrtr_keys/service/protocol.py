@@ -20,6 +20,13 @@ makes no progress (the transport's buffer, above its high-water mark, shrinks by
 connection opened while ``max_connections_per_peer`` from the same address are open gets 503
 ``{"error":"too_many_connections_from_peer"}`` (a Unix socket has no peer address: only the global cap).
 
+**One peer's flood costs the others nothing** (issue 39): the per-peer cap is checked first, and only
+admitted connections count against ``max_connections``, so the surplus of a capped peer (thousands of
+connections from one address) never makes another address's connection get ``too_many_connections``. A
+refused connection lingers (above) only while fewer than `MAX_LINGERING` refusals do; beyond that it is
+closed as soon as its answer is written, so a flood of refusals holds no more than that many descriptors
+besides the admitted connections (`mrtr_keys.service.server.FD_RESERVE` is kept for them and the rest).
+
 The hooks are the asyncio protocol methods and httptools' parser callbacks (``on_message_begin``,
 ``on_headers_complete``, ``on_message_complete``), which uvicorn's class implements; uvicorn is pinned to
 the tested minor release in pyproject.toml and tests/service/test_protocol.py drives a real server.
@@ -62,6 +69,8 @@ CHUNK_ALLOWANCE = 64
 """Bytes of framing a chunk may use (its size line and CRLFs) before the excess counts as head bytes."""
 WRITE_PROGRESS_BYTES = 16 * 1024
 """How much a stalled response's buffer must shrink (bytes) to count as progress for ``write_timeout``."""
+MAX_LINGERING = 64
+"""Refused connections that may linger at once (per server); more are closed once their answer is written."""
 
 
 @dataclass(frozen=True)
@@ -138,36 +147,48 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._write_mark = 0  # the send buffer's size at the last sweep
         self._write_progress = 0  # bytes it shrank by since the deadline was last set
         self._peer: str | None = None
+        self._admitted = False  # counted in `_Counts.admitted` (against max_connections)
+        self._lingering = False  # counted in `_Counts.lingering`
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        over = len(self.connections) >= self._limits.max_connections
+        counts = _counts(self.server_state)
+        peer = _peer_address(transport)
+        if peer is not None and counts.peers.get(peer, 0) >= self._limits.max_connections_per_peer:
+            # before the global cap, and before uvicorn's own set-up: a capped peer's surplus is neither
+            # counted nor tracked (uvicorn's connection_lost copes with a connection it never saw made)
+            self.transport = transport
+            self._refuse(TOO_MANY_FROM_PEER)
+            return
         super().connection_made(transport)
-        if over:
+        if counts.admitted >= self._limits.max_connections:
             self._refuse(TOO_MANY)
             return
-        peer = _peer_address(transport)
+        counts.admitted += 1
+        self._admitted = True
         if peer is not None:
-            peers = _peer_counts(self.server_state)
-            if peers.get(peer, 0) >= self._limits.max_connections_per_peer:
-                self._refuse(TOO_MANY_FROM_PEER)
-                return
-            peers[peer] = peers.get(peer, 0) + 1
+            counts.peers[peer] = counts.peers.get(peer, 0) + 1
             self._peer = peer
         self._deadline = self.loop.time() + self._limits.header_timeout
         _Sweeper.watch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._write_deadline = math.inf
+        counts = _counts(self.server_state)
+        if self._admitted:
+            self._admitted = False
+            counts.admitted -= 1
+        if self._lingering:
+            self._lingering = False
+            counts.lingering -= 1
         peer, self._peer = self._peer, None
         if peer is not None:
-            peers = _peer_counts(self.server_state)
-            left = peers.get(peer, 1) - 1
+            left = counts.peers.get(peer, 1) - 1
             if left > 0:
-                peers[peer] = left
+                counts.peers[peer] = left
             else:
-                peers.pop(peer, None)
+                counts.peers.pop(peer, None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -291,12 +312,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return True
 
     def _refuse(self, answer: bytes) -> None:
-        """Answer `answer`, stop reading requests, shut our writing half, close after `LINGER_SECONDS`."""
+        """Answer `answer`, stop reading requests, shut our writing half, close after `LINGER_SECONDS` (at once
+        when `MAX_LINGERING` refused connections linger already)."""
         self._refused = True
         self._deadline = math.inf
         transport = self.transport
         transport.write(answer)
-        if transport.can_write_eof():
+        counts = _counts(self.server_state)
+        if not self._lingering and counts.lingering < MAX_LINGERING and transport.can_write_eof():
+            self._lingering = True
+            counts.lingering += 1
             transport.write_eof()
             self.loop.call_later(LINGER_SECONDS, transport.close)
         else:
@@ -311,12 +336,23 @@ def _peer_address(transport: asyncio.BaseTransport) -> str | None:
     return None
 
 
-def _peer_counts(server_state: Any) -> dict[str, int]:
-    """Open connections by peer address, kept on uvicorn's per-server state (one worker, one loop)."""
-    counts: dict[str, int] | None = getattr(server_state, "mrtr_peer_connections", None)
+class _Counts:
+    """A server's connection counts (one worker, one loop): `admitted` (against ``max_connections``), `peers`
+    (admitted by peer address, against ``max_connections_per_peer``), `lingering` (refused, not yet closed)."""
+
+    __slots__ = ("admitted", "lingering", "peers")
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.lingering = 0
+        self.peers: dict[str, int] = {}
+
+
+def _counts(server_state: Any) -> _Counts:
+    """The `_Counts` kept on uvicorn's per-server state."""
+    counts: _Counts | None = getattr(server_state, "mrtr_counts", None)
     if counts is None:
-        counts = {}
-        server_state.mrtr_peer_connections = counts
+        counts = server_state.mrtr_counts = _Counts()
     return counts
 
 

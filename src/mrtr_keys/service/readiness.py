@@ -140,10 +140,13 @@ class RingLifecycle:
     def stale_note(self) -> str | None:
         """Why the loaded ring may not be the stored one, or None: the ring watcher is stuck (no check
         completed in 3 intervals), the stored ring was refused (an older generation, the same one
-        with other content, another ring) or cannot be loaded."""
+        with other content, another ring) or cannot be loaded; or its wrapping key could not be checked
+        (an outage of KMS or Vault, `mrtr_keys.codecs.kek`: as a keystore outage)."""
         watcher = self.watcher
         stuck = watcher.stuck_note() if watcher is not None else None
-        return stuck or self.ring.refused or (STALE_NOTE if self.ring.error else None)
+        kek = self.ring.kek()
+        unchecked = self.ring.kek_note() if kek is not None and not kek.closed else None
+        return stuck or self.ring.refused or (STALE_NOTE if self.ring.error else None) or unchecked
 
     def watcher_status(self) -> dict[str, Any] | None:
         """``/readyz``'s ``watcher``: the last completed keystore check and, when stuck, since when."""
@@ -196,9 +199,17 @@ class RingLifecycle:
         watcher = self.watcher_status()
         if watcher is not None:
             doc["watcher"] = watcher
+        kek = self.ring.kek()
+        if kek is not None:
+            times = ("last_ok", "last_check", "closed_since")
+            doc["wrapping_key"] = {k: (format_ts(v) if k in times and v else v) for k, v in kek.status().items()}
         if not ok:
             doc["reason"] = "the key ring's codec failed a seal/unseal self-test (backend unreachable?)"
             down["codec"] = None
+        if kek is not None and kek.closed:  # the self-test failed for this reason: name it
+            doc["reason"] = self.ring.kek_note()
+            ok = False
+            down["codec"] = None if kek.closed_since is None else format_ts(kek.closed_since)
         audit_status = getattr(self.audit, "status", None)
         if detail and audit_status is not None:
             doc["audit"] = audit_status()

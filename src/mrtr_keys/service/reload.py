@@ -11,7 +11,9 @@ old snapshot or the new one, never a mix. A ring that fails to load or to open
 is logged, reported (`error`, ``/readyz``, metrics) and never replaces the
 loaded one: sealing continues on the last good ring. A ring with a lower
 generation (a restored backup, in which a retired kid would be usable again) or
-another ``ring_id`` is refused the same way (`refused`, a WARNING). The
+another ``ring_id`` is refused the same way (`refused`, a WARNING), and so is a ring
+the process's codec pin refuses (another codec type or KMS key, `mrtr_keys.codecs.pin`;
+at start that is a `ConfigError`). The
 sidecar's `mrtr_keys.keystores.watch.RingWatcher` decides when to call
 `RingState.reload` (the same watcher every library codec uses).
 """
@@ -28,6 +30,7 @@ from typing import Any
 
 from mrtr_keys.backends import Codec
 from mrtr_keys.codecs.generations import SWITCH, next_ring
+from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import KeyRing
@@ -124,13 +127,19 @@ class RingState:
     Args:
         keystore: where the ring lives (read only).
         backend_options: passed to `open_codec` (e.g. KMS/Vault client settings).
+        pin: the codec pin (`mrtr_keys.codecs.pin.RingPin`): rings of another codec type or KMS key are
+            refused, at start and on reload.
 
     Raises (constructor):
         KeyRingNotFound, KeystoreError, KeyRingError, BackendUnavailable: no usable ring at start.
+        ConfigError: the pin refuses the stored ring.
     """
 
-    def __init__(self, keystore: Keystore, *, backend_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, keystore: Keystore, *, backend_options: dict[str, Any] | None = None, pin: RingPin | None = None
+    ) -> None:
         self.keystore = keystore
+        self.pin = pin
         self.tap = KidTap()
         self._options = dict(backend_options or {})
         self._lock = threading.Lock()
@@ -142,6 +151,8 @@ class RingState:
         self.loaded_at = lease_clock()
         """`lease_clock` time just before the first ring was read (the self-fencing lease starts there)."""
         ring = keystore.load()
+        if pin:
+            pin.check(ring)
         self.snapshot = Snapshot(ring)
         self.inline = True
         self.probe_audience = ring.audiences[0] if ring.audiences else PROBE_AUDIENCE
@@ -192,7 +203,7 @@ class RingState:
             old = self.snapshot
             try:
                 ring = self.keystore.load()
-                step = next_ring(old.ring, ring, refused_before=self.refused, log=log)
+                step = next_ring(old.ring, ring, refused_before=self.refused, log=log, pin=self.pin)
                 if step.outcome != SWITCH:
                     self.refused, self.error = step.refused, None
                     return False
@@ -211,6 +222,21 @@ class RingState:
             self.error = self.refused = None
         log.info("key ring generation %d loaded (was %d)", ring.generation, old.ring.generation)
         return True
+
+    def kek(self) -> Any:
+        """The wrapping-key check (`mrtr_keys.codecs.kek.KekCheck`) of a codec of the current snapshot: the one
+        failing closed if any, else one that could not reach the key, else any; None for a ring without one."""
+        checks = [k for c in list(self.snapshot.codecs.values()) if (k := getattr(c, "kek", None)) is not None]
+        return (
+            next((k for k in checks if k.closed), None)
+            or next((k for k in checks if k.error), None)
+            or (checks[0] if checks else None)
+        )
+
+    def kek_note(self) -> str | None:
+        """Why the wrapping key makes this ring unusable (failing closed) or unchecked (unreachable), else None."""
+        kek = self.kek()
+        return None if kek is None else kek.note()
 
     def prepare(self, audiences: Iterable[str]) -> None:
         """Open codecs for `audiences` now (errors are left for the request that needs them)."""
@@ -277,7 +303,7 @@ class Keeper:
                 ring = state.ring
                 fence = core.fence
                 fenced = fence.note() if fence is not None else None  # it names the keystore error too
-                note = watcher.stuck_note() or state.refused or fenced
+                note = watcher.stuck_note() or state.refused or fenced or state.kek_note()
                 if note is None and state.error:
                     note = f"keystore: {state.error}"
                 if note is None and watcher.error:
@@ -337,7 +363,7 @@ def sidecar_fence(watcher: Any, config: Any, *, loaded_at: float | None = None) 
     lease = config.lease
     if lease is None:
         lease = default_lease(config.heartbeat_interval) if config.reload_interval > 0 else 0.0
-    return Fence(watcher, lease=lease, loaded_at=loaded_at)
+    return Fence(watcher, lease=lease, loaded_at=loaded_at, max_fenced_out=config.max_fenced_out)
 
 
 def keep_current(core: Any, config: Any) -> Keeper:

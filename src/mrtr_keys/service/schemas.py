@@ -130,6 +130,10 @@ class ReadyResponse(BaseModel):
     watcher: WatcherStatus | None = None
     down: dict[str, str | None] | None = None
     """Components down (``codec``, ``audit``, ``replay``) -> since when (event time form), if any."""
+    wrapping_key: dict[str, Any] | None = None
+    """A KMS-envelope or Vault data-key ring's wrapping-key check (`mrtr_keys.codecs.kek`): ``wrapping_key``,
+    ``state`` (``ok``, ``unreachable``, ``revoked``, ``unchecked``), ``closed`` (why it fails closed),
+    ``closed_since``, ``error`` (an outage), ``every_seconds``, ``last_ok``, ``last_check``."""
 
 
 REQUEST_MODELS: dict[str, type[BaseModel]] = {

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.hardening import harden_process
 from mrtr_keys.service.config import ServiceConfig
 
 log = logging.getLogger("mrtr_keys.service")
@@ -164,7 +165,11 @@ def serve(config: ServiceConfig) -> None:
 
     from mrtr_keys.logs import configure_logging
 
+    hardening = harden_process(allow_core_dumps=config.allow_core_dumps)  # before any key is read
     configure_logging(config.log_format, level=logging.INFO)  # else MRTR_KEYS_LOG_FORMAT, else text
+    if not hardening.hardened:  # said at once; when hardened, the serving line says so
+        log.warning("%s", hardening.note)
+    guarded = ", process hardened" if hardening.hardened else ""
     config = config.with_overrides(max_connections=raise_fd_limit(config.max_connections))
     sock = bind_unix_socket(config.uds) if config.uds else None
     where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}"
@@ -173,12 +178,13 @@ def serve(config: ServiceConfig) -> None:
             app = create_app(config)
             warn_if_no_clients(app.core.auth.registry, app.core.auth.path, config)
             log.info(
-                "sidecar serving key ring generation %d on %s (reload every %g s, http %s, at most %d connections)",
+                "sidecar serving key ring generation %d on %s (reload every %g s, http %s, at most %d connections%s)",
                 app.core.ring.ring.generation,
                 where,
                 config.reload_interval,
                 config.http,
                 config.max_connections,
+                guarded,
             )
             uv = uvicorn.Config(app, host=config.host, port=config.port, **_uvicorn_options(config))
             tune_gc()
@@ -186,7 +192,7 @@ def serve(config: ServiceConfig) -> None:
         else:
             first = create_app(config)  # fail fast here, not in N workers
             warn_if_no_clients(first.core.auth.registry, first.core.auth.path, config)
-            log.info("sidecar starting %d workers on %s (http %s)", config.workers, where, config.http)
+            log.info("sidecar starting %d workers on %s (http %s%s)", config.workers, where, config.http, guarded)
             opts: dict[str, Any] = {"fd": sock.fileno()} if sock else {"host": config.host, "port": config.port}
             uvicorn.run(
                 worker_import_string(config),
@@ -230,6 +236,7 @@ def _worker_app(config: ServiceConfig) -> Any:
     from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.app import create_app, tune_gc
 
+    harden_process(allow_core_dumps=config.allow_core_dumps)  # a spawned worker is dumpable again (execve)
     configure_logging(config.log_format, level=logging.INFO)
     app = create_app(config)
     tune_gc()

@@ -45,6 +45,7 @@ from itertools import chain
 from typing import Any
 
 from mrtr_keys.errors import AuditError, ConfigError
+from mrtr_keys.hardening import CHILD_FLAG, harden_process
 from mrtr_keys.urls import remember, scrub
 
 PROTOCOL = 5
@@ -301,6 +302,7 @@ def main() -> int:
     CPU time (docs/audit.md). At most one transaction is being stored and one built or waiting;
     while the store fails, the reader stops at the handover and stops reading.
     """
+    harden_process(allow_core_dumps=CHILD_FLAG in sys.argv[1:])  # before the audit key arrives
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     status_fd = os.dup(1)

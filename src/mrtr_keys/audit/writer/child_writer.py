@@ -35,6 +35,7 @@ from typing import Any
 
 from mrtr_keys.audit.items import AuditItem
 from mrtr_keys.audit.writer.child import HEADER, PROTOCOL, SYNC
+from mrtr_keys.hardening import child_args
 
 TIME_COLUMN = AuditItem._fields.index("time")
 """Index of the events' POSIX time in a batch's columns."""
@@ -119,7 +120,7 @@ class ChildWriter:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         libpq = {k: v for k, v in os.environ.items() if k.startswith("PG")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", MODULE],
+            [sys.executable, "-m", MODULE, *child_args()],  # it hardens itself unless told core dumps are allowed
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,

@@ -1,0 +1,118 @@
+"""The dependency lock and the files made from it (issue 39): ``uv.lock``, ``requirements/*.txt`` and the
+Dockerfile's lock digest.
+
+``uv.lock`` (uv's universal lock: every package of every extra and dependency group, each artifact with its
+sha256) is the one source. From it, ``write`` exports, each with every hash:
+
+* ``requirements/all.txt``: every extra and group, what ``.venv`` holds; pip installs it when uv cannot be had;
+* ``requirements/image.txt``: the project's dependencies with the ``all`` extra, what the image installs;
+* ``requirements/build.txt``: the build backend (group ``build``), the image builds the project with it;
+* ``requirements/uv.txt``: uv alone (group ``uv``), which the Makefile bootstraps ``.venv`` with;
+
+and writes the lock's sha256 into the Dockerfile (``ARG UV_LOCK_SHA256``: the image's label, and the build's
+check that its SBOM and requirements come from this lock).
+
+``python tools/lock.py write [uv lock options]`` (``make lock``): ``uv lock`` (with ``--upgrade`` moves every pin
+to the newest release pyproject.toml allows), then the exports and the digest.
+``python tools/lock.py check`` (``make lint``): exit 1 with one line naming what disagrees (pyproject.toml and
+uv.lock, an export and the lock, the Dockerfile's digest and the lock) and telling to run ``make lock``.
+Both run the ``uv`` beside the interpreter (the locked one in ``.venv``); ``check`` reads nothing from the
+network (``uv lock --check --offline``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOCK = REPO / "uv.lock"
+DOCKERFILE = REPO / "Dockerfile"
+UV = Path(sys.executable).with_name("uv")
+HEADER = "# Generated from uv.lock by `make lock` (tools/lock.py); do not edit.\n"
+EXPORTS = {
+    "requirements/all.txt": ["--all-extras", "--all-groups"],
+    "requirements/image.txt": ["--extra", "all", "--no-default-groups"],
+    "requirements/build.txt": ["--only-group", "build"],
+    "requirements/uv.txt": ["--only-group", "uv"],
+}
+DIGEST_ARG = re.compile(r"^ARG UV_LOCK_SHA256=(?P<digest>\S*)$", re.M)
+
+
+class Disagrees(Exception):
+    """A generated file does not match the lock, or the lock does not match pyproject.toml."""
+
+
+def lock_digest() -> str:
+    """The sha256 of uv.lock, hex (the image's label ``mrtr-keys.uv-lock.sha256`` and the SBOM's property)."""
+    return hashlib.sha256(LOCK.read_bytes()).hexdigest()
+
+
+def _uv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(UV), *args], cwd=REPO, capture_output=True, text=True, check=False)
+
+
+def exported(name: str) -> str:
+    """The text `name` (a key of EXPORTS) must hold: ``uv export --frozen`` of the lock, hashes included."""
+    done = _uv("export", "--frozen", "--quiet", "--no-emit-project", "--format", "requirements.txt", *EXPORTS[name])
+    if done.returncode != 0:
+        raise Disagrees(f"uv export failed: {_last_line(done.stderr)}")
+    return HEADER + done.stdout
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def write(lock_args: list[str]) -> None:
+    done = subprocess.run([str(UV), "lock", *lock_args], cwd=REPO, check=False)
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
+    for name in EXPORTS:
+        target = REPO / name
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(exported(name))
+    text = DOCKERFILE.read_text()
+    if DIGEST_ARG.search(text) is None:
+        raise SystemExit("tools/lock.py: the Dockerfile has no line 'ARG UV_LOCK_SHA256=...' to write the digest to")
+    DOCKERFILE.write_text(DIGEST_ARG.sub(f"ARG UV_LOCK_SHA256={lock_digest()}", text))
+    print(f"uv.lock sha256 {lock_digest()}; wrote {', '.join(EXPORTS)} and the Dockerfile's UV_LOCK_SHA256")
+
+
+def check() -> None:
+    """Raise Disagrees (one line) unless pyproject.toml, uv.lock, the exports and the Dockerfile agree."""
+    if not UV.exists():
+        raise Disagrees(f"{UV} is missing (a pip-only .venv): cannot check uv.lock")
+    done = _uv("lock", "--check", "--offline")
+    if done.returncode != 0:
+        raise Disagrees("pyproject.toml and uv.lock disagree")
+    for name in EXPORTS:
+        path = REPO / name
+        if not path.exists() or path.read_text() != exported(name):
+            raise Disagrees(f"{name} is not what uv.lock exports")
+    found = DIGEST_ARG.search(DOCKERFILE.read_text())
+    if found is None or found.group("digest") != lock_digest():
+        raise Disagrees("the Dockerfile's UV_LOCK_SHA256 is not uv.lock's sha256")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["write"]:
+        write(argv[1:])
+        return 0
+    if argv == ["check"]:
+        try:
+            check()
+        except Disagrees as exc:
+            print(f"lock: {exc}: run 'make lock' and commit what it changes", file=sys.stderr)
+            return 1
+        return 0
+    print("usage: python tools/lock.py write [uv lock options] | check", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
