@@ -15,12 +15,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from bench.audit_log import DAY, fill
 
 from tests.fixtures.audit import cli
-from tests.fixtures.moto_kms import AWS_UNSET, REGION, aws_env
 
 pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
 
@@ -127,16 +125,6 @@ def test_bad_archive_locations_are_one_line_errors(tmp_path: Path) -> None:
     ]:
         res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", to, *extra)
         assert res.code != 0 and text in res.err and "Traceback" not in res.err, res.err
-
-
-@pytest.fixture
-def s3(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """An S3 client on the moto server, this process's AWS environment pointing at it."""
-    for name in AWS_UNSET:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in aws_env(moto_server).items():
-        monkeypatch.setenv(name, value)
-    return boto3.session.Session().client("s3", endpoint_url=moto_server, region_name=REGION)
 
 
 def test_archive_to_s3_with_object_lock_then_verify_and_tampering(s3: Any, tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ where they are and how they are appended and read:
   handful of objects, not one per interval the fleet ran).
 
 Errors, as the store's (docs/audit.md, exit codes): a location that cannot be read or written now (an I/O
-error, no permission, S3 silent or 5xx) is `AuditUnavailable` (exit 75); a malformed record is `ConfigError`
-(its place named); a location that cannot be one (a ``--checkpoints`` directory that does not exist) too.
+error, no permission, a file where a directory should be, S3 silent or 5xx) is `AuditUnavailable` (exit
+75); a malformed record, or a location that cannot be one (another URL scheme), is `ConfigError` (exit 2).
+A file or directory that does not exist yet holds no records (the first append makes it).
 """
 
 from __future__ import annotations
@@ -138,13 +139,18 @@ class DirLedger:
         FileLedger(self.root / f"{stem}.jsonl").append(doc)
 
     def read(self) -> list[dict[str, Any]]:
-        if not self.root.is_dir():
-            raise ConfigError(f"{self.root}: no such directory")
         try:
             files = sorted(p for p in self.root.iterdir() if p.name.endswith(".jsonl"))
-        except OSError as exc:
-            raise AuditUnavailable(f"cannot read {self.root}: {exc.strerror}") from None
+        except FileNotFoundError:
+            return []  # nothing written there yet (as a checkpoint file that does not exist yet)
+        except OSError as exc:  # not a directory (a file in its place), no permission, an I/O error
+            raise AuditUnavailable(f"cannot read {self.uri}: {exc.strerror}") from None
         return [doc for f in files for doc in read_lines(f)]
+
+
+S3_DEADLINES = (2.0, 3.0, 2)
+"""(connect, read, attempts) of every S3 call for records (a few hundred bytes each): a destination that
+is silent is known within about 10 s (a verify exits 75, an anchor run fails and is tried next interval)."""
 
 
 class S3Ledger:
@@ -153,7 +159,7 @@ class S3Ledger:
     def __init__(self, uri: str) -> None:
         from mrtr_keys.audit.archive_s3 import S3Destination
 
-        self._dest = S3Destination(uri)
+        self._dest = S3Destination(uri, deadlines=S3_DEADLINES)
         self._n = 0
 
     @property

@@ -319,6 +319,12 @@ class Keeper:
                 core.retention = sidecar_retention(store.url, state, config, core.audit)
                 core.metrics.watch_retention(core.retention)
                 core.retention.start()
+            sink = getattr(core.audit, "sink", None)
+            if config.audit_anchor and sink is not None:
+                from mrtr_keys.audit.anchor import anchor_sink
+
+                core.anchor = anchor_sink(sink, config.audit_anchor, config.audit_anchor_every)
+                core.metrics.watch_anchor(core.anchor)
         watcher.start()
 
     def stop(self) -> None:
@@ -326,6 +332,8 @@ class Keeper:
         self.watcher.stop()
         if self._core.retention is not None:
             self._core.retention.stop()
+        if self._core.anchor is not None:  # the last heads, after the lifespan's flush (`final_anchor`)
+            self._core.anchor.stop(final=False)
         if self._core.presence is not None:
             self._core.presence.stop()
 
