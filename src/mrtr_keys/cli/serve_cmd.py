@@ -138,7 +138,11 @@ def serve(
     ] = None,
     audit_anchor_every: Annotated[
         float | None,
-        typer.Option("--audit-anchor-every", help="Seconds between anchors [default: 300]."),
+        typer.Option(
+            "--audit-anchor-every",
+            envvar="MRTR_KEYS_AUDIT_ANCHOR_EVERY",
+            help="Seconds between anchors [default: 300].",
+        ),
     ] = None,
     on_replay_store_error: Annotated[
         str | None,
