@@ -30,7 +30,7 @@ from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.errors import ConfigError
 from tests.fixtures.audit import cli, known_events, pg_exec, sqlite_exec
 
-ALL_TABLES = "audit_events, schema_version, instances, audit_hours, audit_hours_from, store_meta"
+ALL_TABLES = "audit_events, schema_version, instances, audit_hours, audit_hours_from, store_meta, audit_names"
 
 
 def _write(url: str, key: bytes, *, fleet: bool = True) -> None:
@@ -151,7 +151,7 @@ def test_a_store_replaced_by_one_written_under_another_key_is_caught(
         _write(f"sqlite://{other}", theirs)
         shutil.copyfile(other, tmp_path / "audit.db")  # the store file replaced whole
     else:
-        execute(url, f"DROP TABLE {ALL_TABLES}")
+        execute(url, f"DROP TABLE IF EXISTS {ALL_TABLES}")
         _write(url, theirs)  # the product's own writer, under the other key, into the emptied database
     code, out = _verify(url, tmp_path)
     assert code == 1, out
