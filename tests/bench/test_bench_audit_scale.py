@@ -1,8 +1,8 @@
 """Smoke run of the benchmark's audit_scale part (``python -m bench audit_scale --quick``): a genuine log
 filled, verified, looked up (gate, --kid, --token), pruned, archived and verified again (also from the
 archive) by the CLI, at two sizes, a PostgreSQL log verified, then a sidecar's own retention run measured
-under traffic, and every row printed. No timing is asserted (the 1 M / 5 M figures are measured by ``make bench``); a failed verify or
-retention run would fail the part."""
+under traffic, and every row printed. No timing is asserted (the 1 M / 5 M figures are measured by
+``make bench``); a failed verify or retention run would fail the part."""
 
 from __future__ import annotations
 
