@@ -305,6 +305,15 @@ def presence_for(
         return presence
 
 
+def why_behind(stuck: str | None, refused: str | None, fenced: str | None) -> str | None:
+    """The heartbeat's note from a stuck watcher's note, a refused ring and the fence's note: the first of the
+    stuck and refused notes (a stuck one leads: the gates read it, `InstanceRecord.watcher_stuck`), then the
+    fence's after ``; `` (an instance cut from its keystore is both stuck and serving fenced out, and says
+    both); None when there is none."""
+    lead = stuck or refused
+    return "; ".join(n for n in (lead, fenced) if n) or None
+
+
 def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
     """A `Source` over a key-ring codec (held weakly) and its watcher (None: reload is off)."""
     ref = weakref.ref(codec)
@@ -322,17 +331,11 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
         closed = kek.note() if kek is not None else None
         if closed and kek is not None and kek.closed:  # failing closed says more than anything else
             note: str | None = closed
-        elif stuck:
-            note = stuck
-        elif refused:
-            note = f"refused a ring: {refused}"
-        elif fenced:
-            note = fenced
-        elif watcher is None:
-            note = "reload off"
-        elif watcher.error:
-            note = f"keystore: {watcher.error}"
         else:
+            note = why_behind(stuck, f"refused a ring: {refused}" if refused else None, fenced)
+        if note is None:
+            note = "reload off" if watcher is None else (f"keystore: {watcher.error}" if watcher.error else None)
+        if note is None:
             note = closed  # the wrapping key could not be checked (an outage), or None
         return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 

@@ -27,6 +27,7 @@ from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
 
 if TYPE_CHECKING:
+    from mrtr_keys.audit.anchor import Anchorer
     from mrtr_keys.audit.retention import Retention
     from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
@@ -87,6 +88,8 @@ class RingLifecycle:
         self.presence: Presence | None = None
         self.retention: Retention | None = None
         """The audit retention loop (``--audit-retention``; the keeper starts it), or None (off)."""
+        self.anchor: Anchorer | None = None
+        """The audit anchor loop (``--audit-anchor``; the keeper starts it), or None (off)."""
         self._audit_down_logged: object = None
         self.fence: Fence | None = None
         """The self-fencing lease and unknown-kid look over the watcher (`keep_current` sets it)."""
@@ -220,7 +223,9 @@ class RingLifecycle:
         stuck ring watcher (`stale_note`) also give 503. ``down`` names each component that is down
         (``codec``, ``audit``, ``replay``) with the time since when; the error text of a store (which may
         name hosts and users) goes to the log and, with `detail` (an authenticated caller), into the answer
-        (``audit``, ``replay``).
+        (``audit``, ``replay``). ``fenced_out`` is the fence's note while the sidecar serves fenced out (its
+        lease ran out and the keystore check failed: `mrtr_keys.codecs.fence`), the one its heartbeat carries;
+        serving so is by design, so it changes no status.
         """
         ring = self.ring.ring
         stale = self.stale_note()
@@ -237,6 +242,9 @@ class RingLifecycle:
         watcher = self.watcher_status()
         if watcher is not None:
             doc["watcher"] = watcher
+        fenced = self.fence.note() if self.fence is not None else None
+        if fenced is not None:
+            doc["fenced_out"] = fenced
         kek = self.ring.kek()
         if kek is not None:
             times = ("last_ok", "last_check", "closed_since")
@@ -255,6 +263,8 @@ class RingLifecycle:
             doc["key_usage"] = self.key_usage()
         if self.retention is not None:
             doc["audit_retention"] = self.retention.status()
+        if detail and self.anchor is not None:
+            doc["audit_anchor"] = self.anchor.status()
         replay = self.replay
         if replay is not None and not await anyio.to_thread.run_sync(replay.ready):
             if ok:
