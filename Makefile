@@ -11,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test fast lint lock deps-audit sbom bench clean ts-test
+.PHONY: run test fast lint lock deps-audit sbom bench bench-check clean ts-test
 
 # Some hosts set PYTHONDONTWRITEBYTECODE=1: then every test worker, CLI run and server recompiles the package
 # and pytest rewrites every test module again (about 4 s of CPU per worker). Compiled files stay in __pycache__.
@@ -108,3 +108,9 @@ deps-audit: $(STAMP)
 # typescript.cdx.json (tools/sbom.py); the image build copies them in (Dockerfile)
 sbom: $(STAMP)
 	$(BIN)/python tools/sbom.py
+
+# the audit rows of HEAD against BASE (default: the commit of docs/performance.md's table), built in a worktree
+# with its own venv (cached under .venv/bench-base/) and measured interleaved in one session; fails when a row of
+# HEAD is more than 20 % worse than the base's (bench/check.py). About 5 minutes.
+bench-check: $(STAMP)
+	$(BIN)/python -m bench.check $(if $(BASE),--base $(BASE))

@@ -81,16 +81,34 @@ def _rows(items: list[Any]) -> list[tuple[object, ...]]:
     return item_rows(items, "host:1:20260101T000000.000000Z", Fingerprinter(os.urandom(32)), {}, "w", 1)
 
 
+def _as_stored(url: str, rows: list[tuple[object, ...]]) -> tuple[list[str], list[tuple[object, ...]]]:
+    """A new store at `url` (the same schema, indexes and pragmas as the writer's) and `rows` as its
+    ``append_rows`` would store them (the narrow values of schema 5, names made): (columns, rows)."""
+    from mrtr_keys.audit.stores import pg_layout
+    from mrtr_keys.audit.stores.base import SQL_COLUMNS
+    from mrtr_keys.audit.stores.postgres import _v5_values
+    from mrtr_keys.audit.stores.url import open_store
+
+    store: Any = open_store(url)
+    try:
+        with store._transaction("write to") as cur:
+            store._begin(cur)
+            stored = list(store._encode_rows(cur, rows))
+        store._appended()
+        if url.startswith("postgresql") and store._narrow():
+            return list(pg_layout.V5_COLUMNS[1:]), [_v5_values(r) for r in stored]
+        return list(SQL_COLUMNS), stored
+    finally:
+        store.close()
+
+
 def _bare_sqlite(url: str, rows: list[tuple[object, ...]]) -> float:
     import sqlite3
 
-    from mrtr_keys.audit.stores.base import SQL_COLUMNS
-    from mrtr_keys.audit.stores.url import open_store
-
-    open_store(url).close()  # the same schema, indexes and pragmas
+    columns, rows = _as_stored(url, rows)
     conn = sqlite3.connect(url.removeprefix("sqlite://"), isolation_level=None)
     conn.execute("PRAGMA synchronous = NORMAL")
-    sql = f"INSERT INTO audit_events ({', '.join(SQL_COLUMNS)}) VALUES ({', '.join('?' * len(SQL_COLUMNS))})"
+    sql = f"INSERT INTO audit_events ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
     started = time.perf_counter()
     for start in range(0, len(rows), TX):
         conn.execute("BEGIN")
@@ -104,11 +122,8 @@ def _bare_sqlite(url: str, rows: list[tuple[object, ...]]) -> float:
 def _bare_copy(url: str, rows: list[tuple[object, ...]]) -> float:
     import psycopg
 
-    from mrtr_keys.audit.stores.base import SQL_COLUMNS
-    from mrtr_keys.audit.stores.url import open_store
-
-    open_store(url).close()
-    copy_sql = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
+    columns, rows = _as_stored(url, rows)
+    copy_sql = f"COPY audit_events ({', '.join(columns)}) FROM STDIN"
     with psycopg.connect(url) as conn:
         started = time.perf_counter()
         for start in range(0, len(rows), TX):
@@ -182,7 +197,7 @@ def _pair(
 ) -> list[Row]:
     base = Row(PART, f"{bare} of the same rows, {store}", "ev/s", median(anc), spread_of(anc))
     base.samples = anc
-    base.note = f"{n:,} rows already built (fingerprints included), transactions of {TX:,}, no hashing"
+    base.note = f"{n:,} rows already built (fingerprints, narrow values), transactions of {TX:,}, no hashing"
     row = Row(PART, f"audit writer, {store}", "ev/s", median(sub), spread_of(sub), base.name)
     row.samples = sub
     row.ratio = paired_ratio(sub, anc)

@@ -62,9 +62,11 @@ def _port(text: str) -> int:
 
 
 def main() -> int:
+    from mrtr_keys.hardening import harden_process
     from mrtr_keys.service.config import ServiceConfig
     from mrtr_keys.service.server import check_listen_address, serve
 
+    harden_process()  # before the ring and the client secret are made (serve says how it went)
     try:
         port = _port(os.environ.get(ENV_PORT, str(DEFAULT_PORT)))
         check_listen_address("127.0.0.1", port)

@@ -1,6 +1,6 @@
 """A schema v1 store (as the first release created it) opens, migrates to schema 3 (the last step taken on
-open) and still verifies; ``mrtr-keys audit migrate`` then takes it to schema 4 once, keeping every event
-(the block of docs/audit.md, "Migrating an existing store to schema 4", run as written: here with --audit)."""
+open) and still verifies; ``mrtr-keys audit migrate`` then takes it to schema 5 once, keeping every event
+(the block of docs/audit.md, "Migrating an existing store", run as written: here with --audit)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ V1_DDL = (
     "INSERT INTO schema_version (version) VALUES (1)",
 )
 V2_INDEXES = {"audit_events_time", "audit_events_op_kid_time"}
-V4_INDEXES = {
-    "sqlite": {"audit_events_time", "audit_events_kid_op_time", "audit_events_kid", "audit_events_fp4"},
-    "postgresql": {"audit_events_time", "audit_events_kid_op_time", "audit_events_fingerprint"},
+V5_INDEXES = {
+    "sqlite": {"audit_events_time", "audit_events_kid_op_time", "audit_events_kid", "audit_events_fpb"},
+    "postgresql": {"audit_events_id", "audit_events_time", "audit_events_kid_op_time", "audit_events_fingerprint"},
 }
 
 
@@ -82,20 +82,20 @@ def _check_migrated(url: str, indexes: Callable[[], set[str]], make_sink: Callab
         before = [r.to_json() for r in again.records()]
     finally:
         again.close()
-    # `audit migrate` takes it to schema 4 once, every event kept in its place; verify passes across it
+    # `audit migrate` takes it to schema 5 once, every event kept in its place; verify passes across it
     res = cli("audit", "migrate", "--audit", url)
     assert res.code == 0, res.err
-    assert res.out.startswith("migrated ") and "from schema 3 to 4: 9 events kept" in res.out
+    assert res.out.startswith("migrated ") and "from schema 3 to 5: 9 events kept" in res.out
     migrated: Any = open_store(url)
     try:
-        assert migrated.schema_version() == SCHEMA_VERSION == 4
+        assert migrated.schema_version() == SCHEMA_VERSION == 5
         assert [r.to_json() for r in migrated.records()] == before
-        assert {i for i in indexes() if i.startswith("audit_events_")} >= V4_INDEXES[url.partition(":")[0]]
+        assert {i for i in indexes() if i.startswith("audit_events_")} >= V5_INDEXES[url.partition(":")[0]]
         assert "audit_events_op_kid_time" not in indexes()
     finally:
         migrated.close()
     res = cli("audit", "migrate", "--audit", url)
-    assert res.code == 2 and "already at schema version 4: nothing to migrate" in res.err
+    assert res.code == 2 and "already at schema version 5: nothing to migrate" in res.err
     insert(make_sink(url), known_events(2))
     report = cli("audit", "verify", "--json", "--audit", url).json()
     assert report["ok"] is True and report["records"] == 11 and report["chains"] == 3

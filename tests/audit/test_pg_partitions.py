@@ -1,9 +1,9 @@
-"""PostgreSQL schema 4: ``audit_events`` partitioned by day (issue 26, item 4).
+"""PostgreSQL schemas 4 and 5: ``audit_events`` partitioned by day (issue 26, item 4; issue 41).
 
 Partitions are made ahead of time and by the writer when a day rolls over (an injected clock and
 event times, no sleeping); the gray-failure append check (`stored_prefix`) still counts exactly
-across partitions; ``audit prune`` drops whole partitions; ``audit migrate`` converts today's
-schema (3) keeping every event, and ``audit verify`` passes across it. Logs are genuine
+across partitions; ``audit prune`` drops whole partitions; ``audit migrate`` converts a schema 3 or 4
+store to 5 keeping every event, and ``audit verify`` passes across it. Logs are genuine
 (`bench.audit_log.fill`: the writer's own rows and chain).
 """
 
@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from bench.audit_log import fill
 
 from mrtr_keys.audit.chain import ChainWriter
 from mrtr_keys.audit.events import AuditEvent
+from mrtr_keys.audit.stores import pg_layout as layout
 from mrtr_keys.audit.stores.base import SQL_MIGRATIONS, record_row, stored_prefix
-from mrtr_keys.audit.stores.pg_layout import AHEAD_DAYS
+from mrtr_keys.audit.stores.pg_layout import AHEAD_DAYS, day_of
 from mrtr_keys.audit.stores.postgres import PostgresStore
 from tests.fixtures.audit import cli, known_events
 
@@ -44,7 +46,7 @@ def test_a_new_store_has_partitions_ahead_and_the_writer_adds_one_when_a_day_rol
     now = [T0]
     store = PostgresStore(postgres_url, clock=lambda: now[0])
     try:
-        assert store.version == 4
+        assert store.version == 5
         assert store.partition_days() == _days("2031-02-28", "2031-03-01", "2031-03-02")  # today + AHEAD_DAYS
         assert AHEAD_DAYS == 2
         # an append whose events fall on a day with no partition yet (late-night batch crossing midnight,
@@ -112,31 +114,60 @@ def _schema_3_store(url: str) -> None:
             conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
 
 
-def test_migrate_partitions_a_schema_3_store_keeping_every_event(postgres_url: str, tmp_path: Path) -> None:
+def _to_schema_4(url: str) -> None:
+    """A schema 3 store converted as `audit migrate` did before schema 5 (day partitions on the event time text)."""
+    with psycopg.connect(url) as conn:
+        days = {d for (t,) in conn.execute("SELECT DISTINCT left(time, 10) FROM audit_events") if (d := day_of(t))}
+        for stmt in (
+            "ALTER TABLE audit_events RENAME TO audit_events_v3",
+            "ALTER TABLE audit_events_v3 RENAME CONSTRAINT audit_events_pkey TO audit_events_v3_pkey",
+            "DROP INDEX audit_events_time",
+            "DROP INDEX audit_events_op_kid_time",
+            "ALTER SEQUENCE audit_events_id_seq OWNED BY NONE",
+            f"CREATE TABLE audit_events ({layout.COLUMNS_DDL}) PARTITION BY RANGE (time)",
+            "ALTER SEQUENCE audit_events_id_seq OWNED BY audit_events.id",
+            f"CREATE TABLE {layout.DEFAULT_PARTITION} PARTITION OF audit_events DEFAULT",
+            *(layout.create_partition(d) for d in sorted(days)),
+            "INSERT INTO audit_events SELECT * FROM audit_events_v3",
+            *layout.INDEXES,
+            "DROP TABLE audit_events_v3",
+            "INSERT INTO schema_version (version) VALUES (4)",
+        ):
+            conn.execute(stmt)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("start", [3, 4])
+def test_migrate_narrows_a_schema_3_or_4_store_keeping_events(postgres_url: str, tmp_path: Path, start: int) -> None:
     cps = tmp_path / "checkpoints.jsonl"
     _schema_3_store(postgres_url)
     fill(postgres_url, 4_000, tx=500, span=20 * DAY)  # written in the old layout (opened at schema 3)
+    if start == 4:
+        _to_schema_4(postgres_url)
     assert cli("audit", "checkpoint", "--audit", postgres_url, "--checkpoints", str(cps)).code == 0
-    with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'audit_events'").fetchone() == ("r",)
-        old = conn.execute("SELECT * FROM audit_events ORDER BY id").fetchall()
+    store = PostgresStore(postgres_url)
+    try:
+        assert store.version == start
+        old = [(r.position, r.writer, r.seq, r.prev_hash, r.hash, r.event) for r in store.records()]
+    finally:
+        store.close()
     res = cli("audit", "migrate", "--audit", postgres_url, "--json")
     assert res.code == 0, res.err
     assert json.loads(res.out) | {"seconds": 0} == {
         "store": postgres_url,
         "store_id": json.loads(cps.read_text())["store_id"],  # given on the first open; migrate keeps it
-        "from": 3,
-        "to": 4,
+        "from": start,
+        "to": 5,
         "events": 4_000,
         "counted": 0,  # the hourly totals of `audit stats` were kept by the writers from the start
         "seconds": 0,
     }
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'audit_events'").fetchone() == ("p",)
-        assert conn.execute("SELECT * FROM audit_events ORDER BY id").fetchall() == old  # every row, same ids
-        assert conn.execute("SELECT to_regclass('audit_events_v3')").fetchone() == (None,)
+        assert conn.execute("SELECT to_regclass('audit_events_old')").fetchone() == (None,)
+        assert conn.execute("SELECT pg_typeof(time)::text FROM audit_events LIMIT 1").fetchone() == ("bigint",)
     store = PostgresStore(postgres_url)
-    try:
+    try:  # every event read back as written, at the same storage position
+        assert [(r.position, r.writer, r.seq, r.prev_hash, r.hash, r.event) for r in store.records()] == old
         assert len(store.partition_days()) >= 21 and _rows_of(postgres_url, "audit_events_default") == 0
     finally:
         store.close()
@@ -146,8 +177,7 @@ def test_migrate_partitions_a_schema_3_store_keeping_every_event(postgres_url: s
     assert doc["ok"] and doc["records"] == 5_000 and doc["chains"] == 5 and doc["checkpoints_checked"] == 3
     # audit query streams through a server-side cursor: every seal, in storage order, across partitions
     seals = json.loads(cli("audit", "query", "--audit", postgres_url, "--op", "seal", "--json").out)
-    with psycopg.connect(postgres_url) as conn:
-        stored = [r[0] for r in conn.execute("SELECT time FROM audit_events WHERE op = 'seal' ORDER BY id")]
-    assert len(seals) == 2_500 and [e["time"] for e in seals] == stored
+    by_time = [e for _, _, _, _, _, e in old if e.op == "seal"]
+    assert len(seals) == 2_500 and [e["time"] for e in seals[:2_000]] == [e.time for e in by_time]
     again = cli("audit", "migrate", "--audit", postgres_url)
-    assert again.code != 0 and again.err.count("\n") == 1 and "already at schema version 4" in again.err
+    assert again.code != 0 and again.err.count("\n") == 1 and "already at schema version 5" in again.err

@@ -1,5 +1,6 @@
 """Item 5 of issue 26: ``audit query`` streams its output, ``--kid`` alone and ``--token`` (the
-fingerprint) are found through an index on schema 4, and the output is what it was for a short result."""
+fingerprint) are found through an index (schema 5: one probe a bucket of storage positions, issue 41), and
+the output is what it was for a short result."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from bench.audit_log import fill
 
 from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.stores.narrow import fingerprint_clause
 from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli
 
@@ -47,10 +49,10 @@ def test_query_streams_a_long_result_and_kid_and_token_use_an_index(tmp_path: Pa
     table = cli("audit", "query", "--audit", url, "--op", "seal")
     assert table.code == 0 and "events 1-1000" in table.out and "events 1001-1300" in table.out
     assert table.err.strip() == "mrtr-keys: 1300 events"
-    # --token's fingerprint and --kid alone are looked up through indexes (schema 4), not a table scan
+    # --token's fingerprint and --kid alone are looked up through indexes (schema 5), not a table scan
     assert by_token and all(e["fingerprint"] == fp for e in by_token)
-    where = f"substr(fingerprint, 1, 4) = x'{fp[:8]}' AND +fingerprint = x'{fp}'"  # stored as 12 bytes
-    assert "audit_events_fp4" in _plan(path, where)
+    where = fingerprint_clause(5).replace("?", f"x'{fp[:8]}'", 1).replace("?", f"x'{fp}'")  # stored as 12 bytes
+    assert "SEARCH audit_events USING INDEX audit_events_fpb" in _plan(path, where)
     assert _plan(path, "kid = '1a2b3c4d'") == "SEARCH audit_events USING INDEX audit_events_kid (kid=?)"  # no sort
 
 
@@ -130,7 +132,7 @@ def test_a_writer_open_across_audit_migrate_keeps_writing_and_counting(tmp_path:
     try:
         store.append_rows([record_row(r) for r in chain.link(known_events(6)[:3])])
         res = cli("audit", "migrate", "--audit", url)
-        assert res.code == 0 and "from schema 3 to 4: 3 events kept" in res.out, res.err
+        assert res.code == 0 and "from schema 3 to 5: 3 events kept" in res.out, res.err
         later = [record_row(r) for r in chain.link(known_events(6)[3:])]
         store.append_rows(later)
         assert stored_prefix(store, later) == 3  # the gray-failure count sees the migrated layout
@@ -142,3 +144,46 @@ def test_a_writer_open_across_audit_migrate_keeps_writing_and_counting(tmp_path:
     conn.close()
     doc = json.loads(cli("audit", "verify", "--audit", url, "--json").out)
     assert doc["ok"] and doc["records"] == 6
+
+
+def test_a_schema_4_store_migrates_to_5_by_replacing_one_index_and_reads_the_same(tmp_path: Path) -> None:
+    """Issue 41: schema 5 keeps schema 4's narrow rows; ``audit migrate`` swaps the random-key fingerprint
+    index for the bucketed one, and a writer open across it keeps writing."""
+    from mrtr_keys.audit.chain import ChainWriter
+    from mrtr_keys.audit.stores.base import record_row
+    from tests.fixtures.audit import known_events, sqlite_exec
+
+    path = tmp_path / "audit.db"
+    url = f"sqlite://{path}"
+    fill(url, 1_000, tx=500)
+    sqlite_exec(  # the file as schema 4 left it
+        url,
+        "DROP INDEX audit_events_fpb",
+        "CREATE INDEX audit_events_fp4 ON audit_events (substr(fingerprint, 1, 4))",
+        "DELETE FROM schema_version WHERE version = 5",
+        "INSERT INTO schema_version (version) VALUES (4)",
+    )
+    store = open_store(url)
+    chain = ChainWriter("writer:1:20260728T095959.000000Z#1")
+    try:
+        assert store.schema_version() == 4
+        before = [r.to_json() for r in store.records()]
+        fp = before[10]["fingerprint"]
+        assert [r.to_json() for r in store.query(Query(fingerprint=fp))] == [
+            e for e in before if e["fingerprint"] == fp
+        ]
+        store.append_rows([record_row(r) for r in chain.link(known_events(4)[:2])])
+        res = cli("audit", "migrate", "--audit", url)
+        assert res.code == 0 and "from schema 4 to 5: 1002 events kept" in res.out, res.err
+        store.append_rows([record_row(r) for r in chain.link(known_events(4)[2:])])
+        after = [r.to_json() for r in store.records()]
+        assert after[:1_000] == before and [e["time"] for e in after[1_000:]] == [e.time for e in known_events(4)]
+        assert [r.to_json() for r in store.query(Query(fingerprint=fp))] == [
+            e for e in before if e["fingerprint"] == fp
+        ]
+    finally:
+        store.close()
+    where = fingerprint_clause(5).replace("?", "x'00112233'", 1).replace("?", "x'00'")
+    assert "audit_events_fpb" in _plan(path, where) and "audit_events_fp4" not in _plan(path, "1")
+    doc = json.loads(cli("audit", "verify", "--audit", url, "--json").out)
+    assert doc["ok"] and doc["records"] == 1_004

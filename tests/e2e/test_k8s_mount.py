@@ -34,7 +34,7 @@ from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.fleet.presence import read_instances
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.service.clients import add_client
-from tests.fixtures.common import REPO, stop_process
+from tests.fixtures.common import REPO, run_cli, stop_process
 from tests.fixtures.keystores import kubelet_publish
 from tests.support.waiting import until
 
@@ -240,12 +240,12 @@ def _in_the_fleet(pid: int, store_url: str, generations: list[int], audit_key: b
     key_file = tmp / "audit.key"
     key_file.write_bytes(audit_key)
     key_file.chmod(0o600)
-    env = {**os.environ, "MRTR_KEYS_AUDIT": store_url, "MRTR_KEYS_AUDIT_KEY_FILE": str(key_file)}
-    argv = [str(REPO / ".venv" / "bin" / "mrtr-keys"), "audit", "query", "--token", token, "--json"]
+    env = {"MRTR_KEYS_AUDIT": store_url, "MRTR_KEYS_AUDIT_KEY_FILE": str(key_file)}
 
     def found() -> list[dict[str, object]]:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
-        return [r for r in json.loads(done.stdout) if r["op"] == "seal"]
+        done = run_cli("audit", "query", "--token", token, "--json", env=env)
+        assert done.code == 0, done.err
+        return [r for r in json.loads(done.out) if r["op"] == "seal"]
 
     until(found, 30, "the sealed token in the shared audit log", every=0.2)
 

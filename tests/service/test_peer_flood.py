@@ -122,7 +122,7 @@ def test_a_flood_from_one_address_costs_another_address_nothing(
         f"{len(took)} seals, {len(took) - statuses.count('200')} failed, p50 {took[len(took) // 2] * 1000:.1f} ms, "
         f"p99 {p99 * 1000:.1f} ms, max {took[-1] * 1000:.1f} ms; host lateness {late * 1000:.0f} ms"
     )
-    assert statuses == ["200"] * len(statuses) and len(statuses) >= 15, statuses
+    assert statuses == ["200"] * len(statuses) and len(statuses) >= 10, statuses  # probed throughout
     assert p99 < P99_BOUND + late, (p99, late)
     assert refused == FLOOD - PER_PEER  # every surplus connection was answered, none dropped for want of a descriptor
     assert MAX_LINGERING < FLOOD - PER_PEER  # so most refusals were closed at once, not lingering

@@ -11,7 +11,7 @@
    chains not cut now): ``verify`` then starts each chain after its cut, so a later deletion that is not a
    prune is still a gap, and an edit, insertion or reordering of the kept records still breaks
    their links.
-3. **Drop whole partitions.** On PostgreSQL (schema 4, partitioned by day) a day partition that ends
+3. **Drop whole partitions.** On PostgreSQL (schemas 4 and 5, partitioned by day) a day partition that ends
    before `T` and holds nothing after a chain's cut is dropped at once
    (`mrtr_keys.audit.stores.postgres.PostgresStore.drop_partitions`): no row-by-row delete, no
    vacuum debt.
@@ -179,7 +179,7 @@ def _carried(docs: Sequence[dict[str, Any]], store: Any, cut_now: dict[str, Any]
 
 
 def _drop_partitions(store: Any, before: str, limits: dict[str, int]) -> int:
-    """Whole day partitions entirely before the cut, dropped at once (PostgreSQL schema 4)."""
+    """Whole day partitions entirely before the cut, dropped at once (PostgreSQL schemas 4 and 5)."""
     drop = getattr(store, "drop_partitions", None)
     return 0 if drop is None else int(drop(before, limits))
 

@@ -304,7 +304,7 @@ def app_from_env() -> SidecarApp:
     config = ServiceConfig.from_json(json.loads(raw)) if raw else ServiceConfig()
     from mrtr_keys.hardening import harden_process
 
-    harden_process(allow_core_dumps=config.allow_core_dumps)  # this process will hold the ring's keys
+    harden_process(allow_core_dumps=config.allow_core_dumps or None)  # this process will hold the ring's keys
     app = create_app(config)
     tune_gc()
     return app

@@ -133,7 +133,8 @@ class ServiceConfig:
     ``MRTR_KEYS_KEK_CHECK_EVERY``, else 300; 0: off."""
     allow_core_dumps: bool = False
     """Leave the sidecar, its workers and its children dumpable, with core dumps as the system sets them
-    (`mrtr_keys.hardening`); by default they are not dumpable and write no core file."""
+    (`mrtr_keys.hardening`); False: as ``MRTR_KEYS_ALLOW_CORE_DUMPS`` says, by default not dumpable and no
+    core file."""
     expect_codec: str | None = None
     """The only codec type whose rings are loaded (`mrtr_keys.codecs.pin`); None: ``MRTR_KEYS_EXPECT_CODEC``,
     else any (``MRTR_KEYS_KMS_KEY_ID`` pins ``kms`` and the KMS key)."""

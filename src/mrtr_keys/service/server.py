@@ -165,7 +165,7 @@ def serve(config: ServiceConfig) -> None:
 
     from mrtr_keys.logs import configure_logging
 
-    hardening = harden_process(allow_core_dumps=config.allow_core_dumps)  # before any key is read
+    hardening = harden_process(allow_core_dumps=config.allow_core_dumps or None)  # before any key is read
     configure_logging(config.log_format, level=logging.INFO)  # else MRTR_KEYS_LOG_FORMAT, else text
     if not hardening.hardened:  # said at once; when hardened, the serving line says so
         log.warning("%s", hardening.note)
@@ -236,7 +236,7 @@ def _worker_app(config: ServiceConfig) -> Any:
     from mrtr_keys.logs import configure_logging
     from mrtr_keys.service.app import create_app, tune_gc
 
-    harden_process(allow_core_dumps=config.allow_core_dumps)  # a spawned worker is dumpable again (execve)
+    harden_process(allow_core_dumps=config.allow_core_dumps or None)  # a spawned worker is dumpable again (execve)
     configure_logging(config.log_format, level=logging.INFO)
     app = create_app(config)
     tune_gc()

@@ -9,10 +9,12 @@ from typing import Protocol
 from mrtr_keys.audit.chain import Record, event_values
 from mrtr_keys.audit.events import FIELDS
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this code creates. A new store is created at it; an existing store is migrated on open
-up to `AUTO_SCHEMA` (cheap steps, `SQL_MIGRATIONS`), and to 4 only by ``mrtr-keys audit migrate``
-(it rewrites the table on PostgreSQL: `mrtr_keys.audit.stores.pg_layout`; docs/audit.md)."""
+up to `AUTO_SCHEMA` (cheap steps, `SQL_MIGRATIONS`), and to 4 or 5 only by ``mrtr-keys audit migrate``
+(it rewrites the table on PostgreSQL: `mrtr_keys.audit.stores.pg_layout`; SQLite 4 -> 5 replaces one index:
+`mrtr_keys.audit.stores.narrow`; docs/audit.md). This code reads and writes stores at 3, 4 and 5, and refuses
+a newer one."""
 AUTO_SCHEMA = 3
 """The highest schema version an existing store is migrated to on open."""
 

@@ -1,4 +1,4 @@
-"""SQLite schema 4: narrower rows, the same values read back (issue 26, item 5).
+"""SQLite schemas 4 and 5: narrower rows, the same values read back (issue 26, item 5; issue 41).
 
 What a row stores, column by column, and what every reader gets back (exactly the text written, so
 the hash chains verify unchanged):
@@ -10,6 +10,8 @@ the hash chains verify unchanged):
 * ``instance`` and ``writer``: an INTEGER naming a row of ``audit_names (id, name)``: a process's
   names repeat on every row it writes (about 80 bytes a row before).
 * ``fingerprint``: the 12 bytes of the 24 lowercase hex characters (a BLOB); other text as it is.
+
+Schema 5 keeps these rows and changes one index (`INDEXES`).
 
 Nothing ``audit query`` shows is lost; ``audit verify`` reads the same values, so a changed name in
 ``audit_names`` shows as an altered batch. The columns have no declared type (no affinity), so each
@@ -43,23 +45,44 @@ TABLE = """CREATE TABLE audit_events_v4 (
     hash TEXT NOT NULL
 )"""
 NAMES = "CREATE TABLE IF NOT EXISTS audit_names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)"
+BUCKET_BITS = 12
+"""``--token`` finds its rows through ``(id >> BUCKET_BITS, first 4 bytes of the fingerprint)``: one index probe a
+bucket of 4,096 storage positions (about 1,200 at 5 M events), while an insert touches only the newest bucket."""
 INDEXES = (
     "CREATE INDEX audit_events_time ON audit_events (time)",
     "CREATE INDEX audit_events_kid_op_time ON audit_events (kid, op, time)",
     "CREATE INDEX audit_events_kid ON audit_events (kid)",
-    "CREATE INDEX audit_events_fp4 ON audit_events (substr(fingerprint, 1, 4))",
+    f"CREATE INDEX audit_events_fpb ON audit_events (id >> {BUCKET_BITS}, substr(fingerprint, 1, 4))",
 )
-"""``(kid, op, time)`` serves the rotation gates (a kid's seals in a window) and ``--kid --op``; ``(kid)``
-(that is, kid then storage position) serves ``--kid`` alone in storage order, newest first with
-``--limit`` at the cost of N rows however common the kid; ``query --token`` finds its rows through the
-first 4 bytes of the fingerprint (the full value is then compared)."""
+"""Schema 5. ``(kid, op, time)`` serves the rotation gates (a kid's seals in a window) and ``--kid --op``; ``(kid)``
+(that is, kid then storage position) serves ``--kid`` alone in storage order, newest first with ``--limit`` at the
+cost of N rows however common the kid; ``query --token`` probes ``audit_events_fpb`` once a bucket (then compares
+the full value). Schema 4's ``audit_events_fp4`` on the fingerprint's first 4 bytes alone was the same lookup, but
+its random keys made every transaction of 2,000 events rewrite most of that index's pages (measured on 100,000 rows:
+2.8 of the 7.2 µs an insert took with every index; docs/audit.md)."""
+V4_FINGERPRINT_INDEX = "audit_events_fp4"
+TO_V5 = (f"DROP INDEX IF EXISTS {V4_FINGERPRINT_INDEX}", INDEXES[3])
+"""Schema 4 -> 5 (the rows stay as they are)."""
 FINGERPRINT_PREFIX = "substr(fingerprint, 1, 4)"
+
+
+def fingerprint_clause(version: int) -> str:
+    """The clause finding a fingerprint's rows through the index of schema `version` (4 or 5), with two
+    placeholders: its first 4 bytes and the full value. ``+`` keeps SQLite from substituting the value into
+    the indexed expression (constant propagation), which hides the index."""
+    probe = f"{FINGERPRINT_PREFIX} = ? AND +fingerprint = ?"
+    if version < 5:
+        return probe
+    first, last = (f"(SELECT {f}(id) FROM audit_events) >> {BUCKET_BITS}" for f in ("MIN", "MAX"))  # noqa: S608
+    buckets = f"WITH RECURSIVE b(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM b WHERE n < {last}) SELECT n FROM b"  # noqa: S608
+    return f"(id >> {BUCKET_BITS}) IN ({buckets}) AND {probe}"
+
 
 _CANONICAL = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:)(\d{2}):(\d{2})\.(\d{6})Z", re.ASCII)
 _HEX24 = re.compile(r"[0-9a-f]{24}")
 _MM_SS = [f"{m:02d}:{s:02d}" for m in range(60) for s in range(60)]
 """``MM:SS`` of each second of an hour (decoding a time is then two lookups and one format)."""
-_FIELDS_TIME, _FIELDS_INSTANCE, _FIELDS_FP, _FIELDS_WRITER = 0, 1, 8, 11  # in `SQL_COLUMNS`
+_MM_SS_INDEX = {text: i for i, text in enumerate(_MM_SS)}
 
 
 class Codec:
@@ -69,6 +92,7 @@ class Codec:
         self._seconds: dict[int, str] = {}
         self._hours: dict[int, str] = {}
         self._hour_starts: dict[str, int] = {}
+        self._second_starts: dict[str, int] = {}
         self.ids: dict[str, int] = {}
         self.names: dict[int, str] = {}
 
@@ -151,19 +175,64 @@ class Codec:
         self.names.update(names)
         self.ids.update({n: i for i, n in names.items()})
 
+    def _second_start(self, prefix: str) -> int:
+        """Microseconds of ``YYYY-MM-DDTHH:MM:SS.`` if that is a real second that prints back the same,
+        else -1 (cached)."""
+        if len(self._second_starts) > 4_096:
+            self._second_starts.clear()
+        hour = self._hour_starts.get(prefix[:14])
+        if hour is None:
+            hour = self._hour_start(prefix[:14])
+        mm_ss = _MM_SS_INDEX.get(prefix[14:19])
+        ok = hour >= 0 and mm_ss is not None and prefix[19:] == "."
+        start = self._second_starts[prefix] = (hour + mm_ss) * 1_000_000 if ok else -1  # type: ignore[operator]
+        return start
+
     def encode_rows(self, rows: Sequence[Sequence[Any]], name_id: Callable[[str], int]) -> list[tuple[Any, ...]]:
-        """Rows in `SQL_COLUMNS` order -> narrow rows (`name_id` gives, or makes, a name's id)."""
-        ids = self.ids
-        out = []
-        for r in rows:
-            row = list(r)
-            row[_FIELDS_TIME] = self.encode_time(r[_FIELDS_TIME])
-            for col in (_FIELDS_INSTANCE, _FIELDS_WRITER):
-                v = r[col]
-                i = ids.get(v)
-                row[col] = name_id(v) if i is None else i
-            row[_FIELDS_FP] = self.encode_fingerprint(r[_FIELDS_FP])
-            out.append(tuple(row))
+        """Rows in `SQL_COLUMNS` order -> narrow rows (`name_id` gives, or makes, a name's id). The writer's hot
+        path: a canonical time costs one cached lookup of its second and one ``int`` of its microseconds."""
+        ids, seconds, second_start, encode_time = self.ids, self._second_starts, self._second_start, self.encode_time
+        out: list[tuple[Any, ...]] = []
+        append = out.append
+        for t, inst, client, aud, kid, op, outcome, reason, fp, gen, dur, w, seq, prev, h in rows:
+            if t.__class__ is str and len(t) == 27 and t[26] == "Z":
+                start = seconds.get(t[:20])
+                if start is None:
+                    start = second_start(t[:20])
+                micros = t[20:26]
+                if start >= 0 and micros.isdigit() and micros.isascii():
+                    t = start + int(micros)
+            else:
+                t = encode_time(t)
+            if fp.__class__ is str and len(fp) == 24:
+                try:
+                    raw = bytes.fromhex(fp)
+                except ValueError:
+                    pass
+                else:
+                    if len(raw) == 12 and raw.hex() == fp:
+                        fp = raw
+            i = ids.get(inst)
+            j = ids.get(w)
+            append(
+                (
+                    t,
+                    name_id(inst) if i is None else i,
+                    client,
+                    aud,
+                    kid,
+                    op,
+                    outcome,
+                    reason,
+                    fp,
+                    gen,
+                    dur,
+                    name_id(w) if j is None else j,
+                    seq,
+                    prev,
+                    h,
+                )
+            )
         return out
 
     def decode_rows(self, rows: Sequence[Sequence[Any]], reload: Callable[[], dict[int, str]]) -> list[tuple[Any, ...]]:

@@ -21,15 +21,22 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date
 from typing import Any
 
-from mrtr_keys.audit.stores import hours
+from mrtr_keys.audit.stores import hours, narrow
 from mrtr_keys.audit.stores import pg_layout as layout
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
+from mrtr_keys.audit.stores.narrow_sql import NarrowRows
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.deadlines import WATCHDOG, Guard
 from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
+_COPY_V5 = f"COPY audit_events ({', '.join(layout.V5_COLUMNS[1:])}) FROM STDIN"
+_SELECT_V5 = (
+    "SELECT id, " + ", ".join(SQL_COLUMNS) + ", time_text, fingerprint_text FROM audit_events"  # noqa: S608 - fixed names
+)
+PARTITIONED = 4
+"""The first schema partitioned by day; 5 narrows the rows (`mrtr_keys.audit.stores.pg_layout`)."""
 _MIGRATION_LOCK = 0x6D72_7472_6175  # "mrtrau": the advisory lock id serialising schema migrations
 _WRITER_COLUMN = SQL_COLUMNS.index("writer")
 CONNECT_TIMEOUT = 2
@@ -54,9 +61,10 @@ def chain_lock(writer: str) -> int:
     return int.from_bytes(hashlib.blake2b(writer.encode(), digest_size=8).digest(), "big", signed=True)
 
 
-class PostgresStore(SQLStore):
+class PostgresStore(NarrowRows, SQLStore):
     """The audit log in a PostgreSQL database (tables ``audit_events``, partitioned by day from schema
-    4 (`mrtr_keys.audit.stores.pg_layout`), ``instances`` and ``schema_version``)."""
+    4 and narrow rows from 5 (`mrtr_keys.audit.stores.pg_layout`), ``audit_names``, ``instances`` and
+    ``schema_version``)."""
 
     PARAM = "%s"
     AUTOINC = "BIGSERIAL PRIMARY KEY"
@@ -77,6 +85,7 @@ class PostgresStore(SQLStore):
         self._psycopg = psycopg
         self._dsn = url
         self._db_errors = (psycopg.Error,)
+        self._init_narrow()
         super().__init__(redact(url))
 
     def _connect(self) -> Any:
@@ -90,20 +99,26 @@ class PostgresStore(SQLStore):
         far cheaper per row than ``INSERT``)."""
         if not rows:
             return
-        if self.version < SCHEMA_VERSION and time.monotonic() - self._version_read >= RECHECK_PARTITIONS_S:
+        if self.version < PARTITIONED and time.monotonic() - self._version_read >= RECHECK_PARTITIONS_S:
             self._version_read = time.monotonic()  # migrated since this process opened the store?
             self.version = self.schema_version()
-        if self.version >= SCHEMA_VERSION:
+        if self.version >= PARTITIONED:
             self.ensure_partitions(str(r[_TIME_COLUMN]) for r in rows)
         counts = hours.tally(rows)
         with self._transaction("write to") as cur:
             # Held until this transaction ends, so `chain_length` cannot answer while it is in flight.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(str(rows[0][_WRITER_COLUMN])),))
-            with cur.copy(_COPY) as copy:
+            stored = self._encode_rows(cur, rows)  # schema 5: narrow (names made in this transaction)
+            with cur.copy(_COPY_V5 if self._narrow() else _COPY) as copy:
                 write = copy.write_row
-                for row in rows:
-                    write(row)
+                if self._narrow():
+                    for row in stored:
+                        write(_v5_values(row))
+                else:
+                    for row in stored:
+                        write(row)
             hours.add(cur, self.PARAM, counts)  # the hourly totals, in the same transaction
+        self._appended()
 
     def chain_length(self, writer: str, since: str) -> int:
         """`AuditStore.chain_length`, after any transaction of chain `writer` still in flight has
@@ -114,10 +129,13 @@ class PostgresStore(SQLStore):
         Raises:
             AuditError: the store cannot be read, or the chain's last transaction has not ended.
         """
+        if self.version < SCHEMA_VERSION:  # a writer open across ``audit migrate``: count in today's layout
+            self.version = self.schema_version()
+        values = (self._value("time", since), self._value("writer", writer))  # before the transaction: may read
         with self._transaction("read") as cur:
             cur.execute(f"SET LOCAL lock_timeout = {CHAIN_LOCK_WAIT_MS}")
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (chain_lock(writer),))
-            cur.execute("SELECT MAX(seq) FROM audit_events WHERE time >= %s AND writer = %s", (since, writer))
+            cur.execute("SELECT MAX(seq) FROM audit_events WHERE time >= %s AND writer = %s", values)
             row = cur.fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
@@ -132,6 +150,10 @@ class PostgresStore(SQLStore):
             if self._conn is None:
                 self._conn = self._connect()
             conn = self._conn
+
+            def names() -> dict[int, str]:  # in the cursor's transaction (a commit would close the cursor)
+                return {int(i): str(n) for i, n in conn.execute("SELECT id, name FROM audit_names").fetchall()}
+
             try:
                 with conn.cursor(name="mrtr_keys_stream") as cur:
                     with WATCHDOG.guard(conn.fileno(), READ_DEADLINE):
@@ -141,7 +163,7 @@ class PostgresStore(SQLStore):
                             rows = cur.fetchmany(self.STREAM_PAGE)
                         if not rows:
                             break
-                        yield from rows
+                        yield from self._decode(rows, names)
             except self._db_errors as exc:
                 error = self._error(exc)
                 if self._broken(conn):
@@ -154,22 +176,84 @@ class PostgresStore(SQLStore):
                     except self._db_errors:
                         pass
 
-    def _to_v4(self, cur: Any) -> None:
+    def _narrow(self) -> bool:
+        return self.version >= SCHEMA_VERSION
+
+    def _upgrade(self, cur: Any, current: int) -> None:
+        """Schema 3 or 4 -> 5: the new table beside the old one, every row copied with its ``id`` (in pages,
+        narrowed as `narrow.Codec` does), the indexes built, the copy counted, the old table dropped."""
         cur.execute(layout.OLD_DAYS)
         days = {d for (t,) in cur.fetchall() if (d := layout.day_of(str(t)))} | layout.days_ahead(self.clock())
-        for stmt in layout.migration_statements(days):
+        old_partitions: list[str] = []
+        if current >= PARTITIONED:
+            cur.execute(layout.LIST_PARTITIONS)
+            old_partitions = [str(name) for (name,) in cur.fetchall()]
+        for stmt in layout.v5_statements(days, old_partitions):
             cur.execute(stmt)
-        cur.execute(layout.OLD_COUNT)
+        codec = narrow.Codec()
+        select = f"SELECT id, {', '.join(SQL_COLUMNS)} FROM audit_events_old WHERE id > %s ORDER BY id LIMIT 5000"  # noqa: S608
+        copy_sql = f"COPY audit_events ({', '.join(layout.V5_COLUMNS)}) FROM STDIN"
+        last = 0
+        while True:
+            cur.execute(select, (last,))
+            rows = cur.fetchall()
+            if not rows:
+                break
+            encoded = codec.encode_rows([r[1:] for r in rows], lambda name: self._name_id(cur, name, codec.learn))
+            with cur.copy(copy_sql) as copy:
+                for r, e in zip(rows, encoded, strict=True):
+                    copy.write_row((r[0], *_v5_values(e)))
+            last = rows[-1][0]
+        for stmt in layout.V5_INDEXES:
+            cur.execute(stmt)
+        cur.execute("SELECT COUNT(*) FROM audit_events_old")
         old = int(cur.fetchone()[0])
         cur.execute(layout.NEW_COUNT)
         if int(cur.fetchone()[0]) != old:
             raise AuditError(f"migration of {self.url}: the copy does not hold every event; rolled back")
-        cur.execute(layout.DROP_OLD)
+        cur.execute(layout.DROP_OLD_V5)
+        self._codec = narrow.Codec()
         self._days_read = -RECHECK_PARTITIONS_S
 
+    def _select(self) -> str:
+        return _SELECT_V5 if self._narrow() else super()._select()
+
+    def _decode(self, rows: list[Any], names: Callable[[], dict[int, str]] | None = None) -> list[Any]:
+        """Schema 5: a value kept as text (``time_text``, ``fingerprint_text``) in place of its NULL narrow
+        column, then the narrow values as written (`names` reads ``audit_names`` again on an unknown id)."""
+        if not self._narrow():
+            return rows
+        merged = [
+            (*r[:1], r[16] if r[1] is None else r[1], *r[2:9], r[17] if r[9] is None else r[9], *r[10:16]) for r in rows
+        ]
+        return self._codec.decode_rows(merged, names or self._names)
+
+    def _value(self, column: str, value: Any) -> Any:
+        stored = super()._value(column, value)
+        if column == "time" and self._narrow() and not isinstance(stored, int):
+            return None  # a time not in the canonical form: compared with none (such rows have NULL)
+        return stored
+
+    def _fingerprint_clause(self, value: Any) -> tuple[str, list[Any]]:
+        if self._narrow() and isinstance(value, str):
+            return "fingerprint_text = %s", [value]
+        return super()._fingerprint_clause(value)
+
+    def _time_window(self, since: str | None, until: str | None) -> tuple[str, list[Any]]:
+        """Schema 5: canonical bounds compare microseconds; a bound that is not canonical compares the
+        texts of the rows kept as text (`pg_layout`), as schema 4 compared every row."""
+        if not self._narrow():
+            return super()._time_window(since, until)
+        low, high = self._codec.encode_time(since), self._codec.encode_time(until)
+        if isinstance(low, int | None) and isinstance(high, int | None):
+            parts = [c for c, v in (("time >= %s", low), ("time < %s", high)) if v is not None]
+            return " AND ".join(parts), [v for v in (low, high) if v is not None]
+        parts = [c for c, v in (("time_text >= %s", since), ("time_text < %s", until)) if v is not None]
+        return " AND ".join(parts), [v for v in (since, until) if v is not None]
+
     def partition_days(self) -> list[date]:
-        """The days that have a partition (schema 4), oldest first."""
-        if self.version < SCHEMA_VERSION:
+        """The days that have a partition (schemas 4 and 5), oldest first."""
+        if self.version < PARTITIONED:
             return []
         rows = self._fetch(layout.LIST_PARTITIONS, [])
         return sorted(d for (name,) in rows if (d := layout.day_of_partition(name)))
@@ -199,7 +283,7 @@ class PostgresStore(SQLStore):
                 with self._transaction("write to") as cur:
                     cur.execute(f"SET LOCAL lock_timeout = {layout.PARTITION_LOCK_TIMEOUT_MS}")
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-                    cur.execute(layout.create_partition(day))
+                    cur.execute((layout.create_partition_v5 if self._narrow() else layout.create_partition)(day))
                 created.append(day)
             except AuditError as exc:
                 if self._conn is None:
@@ -221,8 +305,9 @@ class PostgresStore(SQLStore):
             AuditError: the store cannot be read or written.
         """
         end = layout.day_of(before)
-        if self.version < SCHEMA_VERSION or end is None:
+        if self.version < PARTITIONED or end is None:
             return 0
+        writer = "(SELECT name FROM audit_names WHERE audit_names.id = writer)" if self._narrow() else "writer"
         dropped = 0
         for day in self.partition_days():
             if day >= end:  # not entirely before the cut (ranges end at the next midnight)
@@ -232,7 +317,7 @@ class PostgresStore(SQLStore):
                 with self._transaction(_DROP) as cur:
                     cur.execute(f"SET LOCAL lock_timeout = {layout.PARTITION_LOCK_TIMEOUT_MS}")
                     cur.execute(f"LOCK TABLE {name} IN SHARE MODE")
-                    cur.execute(f"SELECT writer, MAX(seq), COUNT(*) FROM {name} GROUP BY writer")  # noqa: S608
+                    cur.execute(f"SELECT {writer}, MAX(seq), COUNT(*) FROM {name} GROUP BY writer")  # noqa: S608
                     chains = cur.fetchall()
                     if any(limits.get(w, 0) < int(top) for w, top, _ in chains):
                         continue  # holds records after a cut: they go page by page
@@ -247,7 +332,13 @@ class PostgresStore(SQLStore):
         return dropped
 
     def _odd_clause(self) -> str:
-        return "time !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:'"
+        return "time IS NULL" if self._narrow() else "time !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:'"
+
+    def _hour_window(self, hour: str) -> tuple[str, list[Any]]:
+        start = self._codec.encode_time(hour + ":00:00.000000Z") if self._narrow() else None
+        if not isinstance(start, int):
+            return super()._hour_window(hour)
+        return "time >= %s AND time < %s", [start, start + 3_600_000_000]
 
     def _lock_hours(self, cur: Any) -> None:
         # Conflicts with the ROW EXCLUSIVE lock of a writer's upsert: a writer whose events this
@@ -270,3 +361,30 @@ class PostgresStore(SQLStore):
 
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+
+
+def _v5_values(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A narrow row (`narrow.Codec.encode_rows`, `SQL_COLUMNS` order) as schema 5's columns after ``id``
+    (`pg_layout.V5_COLUMNS`): a time or fingerprint left as text goes to its ``*_text`` column."""
+    t, inst, client, aud, kid, op, outcome, reason, fp, gen, dur, w, seq, prev, h = row
+    odd_time = t if t.__class__ is str else None
+    odd_fp = fp if fp.__class__ is str else None
+    return (
+        None if odd_time is not None else t,
+        seq,
+        gen,
+        dur,
+        inst,
+        w,
+        client,
+        aud,
+        kid,
+        op,
+        outcome,
+        reason,
+        None if odd_fp is not None else fp,
+        prev,
+        h,
+        odd_time,
+        odd_fp,
+    )

@@ -13,7 +13,6 @@ from mrtr_keys.audit.events import STATS_KEYS, AuditEvent
 from mrtr_keys.audit.stores import hours
 from mrtr_keys.audit.stores.base import (
     INSTANCE_COLUMNS,
-    SCHEMA_VERSION,
     SQL_COLUMNS,
     Query,
 )
@@ -54,9 +53,6 @@ class SQLStore(HourTotals, SchemaSteps):
     PARAM = "?"
     AUTOINC = "INTEGER PRIMARY KEY AUTOINCREMENT"
     _db_errors: tuple[type[BaseException], ...] = ()
-    FINGERPRINT_PREFIX = ""
-    FINGERPRINT_PREFIX_LEN = 8
-    """An indexed expression of the fingerprint's first 8 characters, if the dialect indexes that."""
     version = 0
     """The schema version of the open store (`SCHEMA_VERSION`, or `AUTO_SCHEMA` until migrated)."""
 
@@ -120,13 +116,17 @@ class SQLStore(HourTotals, SchemaSteps):
             hours.add(cur, self.PARAM, counts)  # the hourly totals, in the same transaction
         self._appended()
 
-    # Hooks of a dialect whose stored values differ from the event's (SQLite schema 4, `narrow`).
+    # Hooks of a dialect whose stored values differ from the event's (narrow rows: `narrow_sql`).
     def _encode_rows(self, cur: Any, rows: Sequence[tuple[object, ...]]) -> Sequence[tuple[object, ...]]:
         """`rows` as stored (inside the append transaction)."""
         return rows
 
     def _appended(self) -> None:
         """After an append committed."""
+
+    def _select(self) -> str:
+        """``SELECT`` of the raw rows `_decode` turns into ``id`` then `SQL_COLUMNS` (``FROM audit_events``)."""
+        return _SELECT
 
     def _decode(self, rows: list[Any]) -> list[Any]:
         """Raw rows (position, then stored values) as the values written."""
@@ -140,6 +140,11 @@ class SQLStore(HourTotals, SchemaSteps):
     def _value(self, column: str, value: Any) -> Any:
         """A value to compare with `column` as stored."""
         return value
+
+    def _fingerprint_clause(self, value: Any) -> tuple[str, list[Any]]:
+        """The clause (and its values) finding the rows of fingerprint `value` (as stored) through the
+        dialect's index."""
+        return f"fingerprint = {self.PARAM}", [value]
 
     @contextmanager
     def _transaction(self, verb: str) -> Iterator[Any]:
@@ -197,14 +202,9 @@ class SQLStore(HourTotals, SchemaSteps):
             args.extend(values)
         for name, value in q.filters().items():
             value = self._value(name, value)
-            if name == "fingerprint" and self.FINGERPRINT_PREFIX and self.version >= SCHEMA_VERSION:
-                # Through the prefix index (SQLite, schema 4); ``+`` keeps SQLite from substituting
-                # the value into the indexed expression (constant propagation), which hides the index.
-                clauses.append(f"{self.FINGERPRINT_PREFIX} = {p} AND +fingerprint = {p}")
-                args.extend((value[: self.FINGERPRINT_PREFIX_LEN], value))
-                continue
-            clauses.append(f"{name} = {p}")
-            args.append(value)
+            clause, values = self._fingerprint_clause(value) if name == "fingerprint" else (f"{name} = {p}", [value])
+            clauses.append(clause)
+            args.extend(values)
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
@@ -224,7 +224,7 @@ class SQLStore(HourTotals, SchemaSteps):
         where, args = self._where(q)
         order = " ORDER BY id DESC" if q.newest_first else " ORDER BY id"
         limit = f" LIMIT {int(q.limit)}" if q.limit is not None else ""
-        rows = [_row_to_record(r) for r in self._decode(self._fetch(_SELECT + where + order + limit, args))]
+        rows = [_row_to_record(r) for r in self._decode(self._fetch(self._select() + where + order + limit, args))]
         return rows
 
     STREAM_PAGE = 2_000
@@ -240,7 +240,7 @@ class SQLStore(HourTotals, SchemaSteps):
         where, args = self._where(q)
         order = " ORDER BY id DESC" if q.newest_first else " ORDER BY id"
         limit = f" LIMIT {int(q.limit)}" if q.limit is not None else ""
-        for row in self._stream(_SELECT + where + order + limit, args):
+        for row in self._stream(self._select() + where + order + limit, args):
             yield _row_to_record(row)
 
     def _stream(self, sql: str, args: Sequence[Any]) -> Iterator[Sequence[Any]]:
@@ -261,7 +261,9 @@ class SQLStore(HourTotals, SchemaSteps):
     def records(self) -> Iterator[Record]:
         last = 0
         while True:
-            rows = self._decode(self._fetch(_SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT 5000", [last]))
+            rows = self._decode(
+                self._fetch(self._select() + f" WHERE id > {self.PARAM} ORDER BY id LIMIT 5000", [last])
+            )
             if not rows:
                 return
             for row in rows:
@@ -274,7 +276,7 @@ class SQLStore(HourTotals, SchemaSteps):
     def row_batches(self, after: int = 0, size: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
         """Raw rows (``id``, then `SQL_COLUMNS`) with ``id > after``, in storage order, `size` at a
         time (keyset pages on the primary key: memory bounded by one page at any log size)."""
-        sql = _SELECT + f" WHERE id > {self.PARAM} ORDER BY id LIMIT {int(size)}"
+        sql = self._select() + f" WHERE id > {self.PARAM} ORDER BY id LIMIT {int(size)}"
         while True:
             rows = self._decode(self._fetch(sql, [after]))
             if not rows:

@@ -1,4 +1,4 @@
-"""The schema of the SQL stores: created or brought up to date on open, and ``audit migrate`` (schema 4)."""
+"""The schema of the SQL stores: created or brought up to date on open, and ``audit migrate`` (schemas 4 and 5)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class SchemaSteps:
-    """Mixin of `mrtr_keys.audit.stores.sql.SQLStore`: the migrations (a dialect supplies `_to_v4`)."""
+    """Mixin of `mrtr_keys.audit.stores.sql.SQLStore`: the migrations (a dialect supplies `_upgrade`)."""
 
     PARAM: str
     AUTOINC: str
@@ -61,7 +61,7 @@ class SchemaSteps:
                         cur.execute(stmt.format(autoinc=self.AUTOINC))
                     cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (version,))  # noqa: S608
                 if current == 0:  # a new store: straight to the current layout (an empty table to convert)
-                    self._to_v4(cur)
+                    self._upgrade(cur, AUTO_SCHEMA)
                     cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (SCHEMA_VERSION,))  # noqa: S608
                 self._make_hours(cur)
                 self.store_id = self._store_id(cur)
@@ -98,12 +98,12 @@ class SchemaSteps:
         """Create the hourly totals if missing (`mrtr_keys.audit.stores.hours.HourTotals`)."""
         raise NotImplementedError
 
-    def _to_v4(self, cur: Any) -> None:
-        """Schema 3 -> 4 in the dialect (inside the migration transaction)."""
+    def _upgrade(self, cur: Any, current: int) -> None:
+        """Schema `current` (3 or 4) -> `SCHEMA_VERSION` in the dialect (inside the migration transaction)."""
         raise NotImplementedError
 
     def migrate(self) -> tuple[int, int, int]:
-        """``mrtr-keys audit migrate``: bring this store from schema 3 to `SCHEMA_VERSION` in one
+        """``mrtr-keys audit migrate``: bring this store from schema 3 or 4 to `SCHEMA_VERSION` in one
         transaction, keeping every event with its storage position; returns (from, to, events).
 
         Raises:
@@ -124,7 +124,7 @@ class SchemaSteps:
                     )
                 cur.execute("SELECT COUNT(*) FROM audit_events")
                 before = int(cur.fetchone()[0])
-                self._to_v4(cur)
+                self._upgrade(cur, current)
                 cur.execute("SELECT COUNT(*) FROM audit_events")
                 after = int(cur.fetchone()[0])
                 if after != before:

@@ -18,8 +18,12 @@ from urllib.parse import unquote, urlparse
 
 from mrtr_keys.audit.stores import narrow
 from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
+from mrtr_keys.audit.stores.narrow_sql import NarrowRows
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
+
+NARROW = 4
+"""The first schema with narrow rows (`narrow`); schema 5 stores the same rows."""
 
 _SELECT = "SELECT id, " + ", ".join(SQL_COLUMNS) + " FROM audit_events"  # noqa: S608 - fixed column names
 BUSY_TIMEOUT_MS = 10_000
@@ -41,7 +45,7 @@ def path_from_url(url: str) -> Path:
     return Path(path)
 
 
-class SQLiteStore(SQLStore):
+class SQLiteStore(NarrowRows, SQLStore):
     """The audit log in one SQLite file (WAL, mode 0600)."""
 
     PARAM = "?"
@@ -49,13 +53,10 @@ class SQLiteStore(SQLStore):
     # SQLite before 3.32 allows only 999 bound values per statement (SQLITE_MAX_VARIABLE_NUMBER).
     ROWS_PER_INSERT = 500 if sqlite3.sqlite_version_info >= (3, 32, 0) else 60
     _db_errors = (sqlite3.Error,)
-    FINGERPRINT_PREFIX = narrow.FINGERPRINT_PREFIX
-    FINGERPRINT_PREFIX_LEN = 4
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().absolute()
-        self._codec = narrow.Codec()
-        self._pending: dict[int, str] = {}
+        self._init_narrow()
         super().__init__("sqlite:///" + str(self.path).lstrip("/"))
 
     def _connect(self) -> Any:
@@ -76,8 +77,13 @@ class SQLiteStore(SQLStore):
     def _begin(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
 
-    def _to_v4(self, cur: Any) -> None:
-        """Schema 3 -> 4: every row copied, with its id, into the narrow table (`narrow`), in pages."""
+    def _upgrade(self, cur: Any, current: int) -> None:
+        """Schema 4 -> 5: one index replaced (`narrow.TO_V5`). Schema 3 -> 5: every row copied, with its id,
+        into the narrow table (`narrow`), in pages, then the schema-5 indexes."""
+        if current == NARROW:
+            for stmt in narrow.TO_V5:
+                cur.execute(stmt)
+            return
         cur.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit_events'")
         seq_row = cur.fetchone()
         cur.execute(narrow.NAMES)
@@ -100,39 +106,13 @@ class SQLiteStore(SQLStore):
             cur.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'audit_events'", (seq_row[0],))
         self._codec = narrow.Codec()
 
-    @staticmethod
-    def _name_id(cur: Any, name: str, learn: Any) -> int:
-        cur.execute("INSERT OR IGNORE INTO audit_names (name) VALUES (?)", (name,))
-        ident = int(cur.execute("SELECT id FROM audit_names WHERE name = ?", (name,)).fetchone()[0])
-        learn({ident: name})
-        return ident
-
     def _narrow(self) -> bool:
-        return self.version >= SCHEMA_VERSION
+        return self.version >= NARROW
 
-    def _encode_rows(self, cur: Any, rows: Any) -> Any:
-        if self.version < SCHEMA_VERSION:  # migrated by `audit migrate` since this process opened it?
-            self.version = self._current_version(cur)
+    def _fingerprint_clause(self, value: Any) -> tuple[str, list[Any]]:
         if not self._narrow():
-            return rows
-        self._pending = {}
-        made: dict[str, int] = {}  # names new to this process, once each per transaction
-
-        def name_id(name: str) -> int:
-            ident = made.get(name)
-            if ident is None:
-                ident = made[name] = self._name_id(cur, name, self._pending.update)
-            return ident
-
-        return self._codec.encode_rows(rows, name_id)
-
-    def _appended(self) -> None:
-        if self._pending:
-            self._codec.learn(self._pending)
-            self._pending = {}
-
-    def _names(self) -> dict[int, str]:
-        return {int(i): str(n) for i, n in self._fetch("SELECT id, name FROM audit_names", [])}
+            return super()._fingerprint_clause(value)
+        return narrow.fingerprint_clause(self.version), [value[:4], value]
 
     def run_pages(self, after: int = 0, size: int = 20_000) -> tuple[narrow.Pieces, Iterator[list[narrow.Run]]] | None:
         """`row_batches` for ``verify``'s hot loop: (the view, pages of `narrow.Run` s: raw rows
@@ -160,9 +140,6 @@ class SQLiteStore(SQLStore):
         low, high = self._fetch("SELECT MIN(id), MAX(id) FROM audit_events WHERE id > ?", [after])[0]
         return (after, after) if low is None else (int(low) - 1, int(high))
 
-    def _decode(self, rows: list[Any]) -> list[Any]:
-        return self._codec.decode_rows(rows, self._names) if self._narrow() else rows
-
     def _time_window(self, since: str | None, until: str | None) -> tuple[str, list[Any]]:
         """Schema 4 stores canonical times as integers and any other text as it is (integers sort
         before text): one range over the integers, and one over the text if the store holds any
@@ -183,19 +160,6 @@ class SQLiteStore(SQLStore):
         values = [v for v in (low, high, since, until) if v is not None]
         return f"({' AND '.join(ints)} OR {' AND '.join(texts)})", values
 
-    def _value(self, column: str, value: Any) -> Any:
-        if not self._narrow():
-            return value
-        if column == "time":
-            return self._codec.encode_time(value)
-        if column == "fingerprint":
-            return self._codec.encode_fingerprint(value)
-        if column in ("instance", "writer"):
-            if value not in self._codec.ids:
-                self._codec.learn(self._names())
-            return self._codec.ids.get(value, -1)  # a name never written matches nothing
-        return value
-
     def chain_length(self, writer: str, since: str) -> int:
         """`AuditStore.chain_length`, in the layout the file has now (a writer that opened it before
         ``audit migrate`` asks this after a failed append: its answer must count the migrated rows)."""
@@ -214,22 +178,11 @@ class SQLiteStore(SQLStore):
     def _odd_clause(self) -> str:
         return ("time >= '' AND " if self._narrow() else "") + super()._odd_clause()
 
-    def _raw_hours(self) -> tuple[str, str]:
-        if not self._narrow():
-            return super()._raw_hours()
-        return "time", "(SELECT name FROM audit_names WHERE audit_names.id = audit_events.instance)"
-
-    def _time_text(self, value: Any) -> Any:
-        return self._codec.decode_time(value)
-
     def _error(self, exc: BaseException) -> type[AuditError]:
         """An outage: the file is locked past `BUSY_TIMEOUT_MS`, cannot be opened, or an I/O error."""
         text = str(exc).lower()
         outage = ("locked", "busy", "unable to open", "disk i/o", "readonly", "disk is full")
         return AuditUnavailable if any(w in text for w in outage) else AuditError
-
-    def _stat_key(self, by: str, key: Any) -> Any:
-        return self._codec.name(key, self._names) if by == "instance" and self._narrow() else key
 
     def _migrate(self) -> None:
         _wait_busy(super()._migrate)

@@ -1,0 +1,62 @@
+"""``make bench-check`` (bench/check.py, issue 41): its verdict and its probe. The full A/B (a base revision
+built in a worktree, sidecars, wrk) runs in ``.ci/run`` after ``make test``; here, what decides it: a HEAD
+row more than 20 % worse than the base fails, a row within it passes, the on/off rows only inform; the base
+defaults to the commit of docs/performance.md's table; and the probe measures both kinds of row with this
+interpreter's package (the one each side runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.check import PROBE, Row, render, table_revision
+
+
+def _row(name: str, base: float, head: float, *, higher: bool = True, gated: bool = True) -> Row:
+    row = Row(name, "ev/s" if higher else "µs", higher, gated)
+    row.samples = {"base": [base, base * 1.1, base * 0.9], "head": [head, head * 1.1, head * 0.9]}
+    return row
+
+
+def _rows(writer_head: float, inprocess_head: float) -> list[Row]:
+    rows = [
+        _row("local seal+unseal, audit on (flush included)", 20.0, inprocess_head, higher=False),
+        _row("local seal+unseal, audit off", 5.0, 5.0, higher=False, gated=False),
+        _row("audit writer, SQLite", 100_000, writer_head),
+    ]
+    for label in ("seal", "seal batch(100)"):
+        rows += [_row(f"sidecar {label} c=16, audit on", 10_000, 10_000)]
+        rows += [_row(f"sidecar {label} c=16, audit off", 12_000, 1_000, gated=False)]  # informs only
+    return rows
+
+
+def test_a_row_more_than_a_fifth_worse_fails_and_one_within_it_passes() -> None:
+    text, ok = render(_rows(writer_head=85_000, inprocess_head=23.0), "95b81a7", "HEAD")
+    assert ok and "| audit writer, SQLite | 100,000 ev/s | 85,000 ev/s | -15% | PASS |" in text
+    assert "| sidecar seal c=16, audit off | 12,000 ev/s | 1,000 ev/s | -92% | info |" in text
+    text, ok = render(_rows(writer_head=79_000, inprocess_head=23.0), "95b81a7", "HEAD")
+    assert not ok and "| -21% | FAIL |" in text
+    text, ok = render(_rows(writer_head=100_000, inprocess_head=25.5), "95b81a7", "HEAD")  # µs: lower is better
+    assert not ok and "| local seal+unseal, audit on (flush included) | 20.0 µs | 25.5 µs | -22% | FAIL |" in text
+    assert "sidecar seal batch(100) c=16: audit on/off base 0.83x, HEAD 10.00x" in text
+
+
+def test_the_base_defaults_to_the_commit_of_the_performance_table(tmp_path: Path) -> None:
+    docs = tmp_path / "performance.md"
+    docs.write_text("## Latest table\n\nRun of 2026-12-01T22:01:01+00:00 (git 95b81a7), parts: audit; 564.3 s.\n")
+    assert table_revision(docs) == "95b81a7"
+    assert table_revision()  # the repository's own table names one
+
+
+def test_the_probe_measures_both_in_process_rows_with_this_package(tmp_path: Path) -> None:
+    def probe(*args: str) -> dict[str, float]:
+        out = subprocess.run(
+            [sys.executable, str(PROBE), *args], capture_output=True, text=True, check=True, timeout=120
+        )
+        return dict(json.loads(out.stdout.splitlines()[-1]))
+
+    inprocess = probe("inprocess", "200", str(tmp_path / "ip"))
+    assert inprocess["on_us"] > 0 and inprocess["off_us"] > 0
+    assert probe("writer", "2000", str(tmp_path / "w"))["events_per_s"] > 0
