@@ -59,6 +59,7 @@ LONG_FIRST = (
     ("e2e/test_fleet_controls.py", 80),
     ("e2e/test_revoke_fleet.py::test_a_revoked_primary_dies_on_every_instance_within_3_s_under_traffic[vault-kv]", 75),
     ("docs/test_doc_commands.py", 70),
+    ("bench/test_chaos.py", 75),
     ("bench/test_bench_fleet.py", 70),  # before "bench/": the first prefix that matches names the unit
     ("bench/", 70),
     ("e2e/test_gray_replay.py::test_a_silent_store_delays_only_the_unseals_that_need_it", 60),

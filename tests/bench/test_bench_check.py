@@ -6,12 +6,9 @@ interpreter's package (the one each side runs)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from bench.check import PROBE, Row, render, table_revision
+from bench.check import Row, render, table_revision
 
 
 def _row(name: str, base: float, head: float, *, higher: bool = True, gated: bool = True) -> Row:
@@ -51,12 +48,8 @@ def test_the_base_defaults_to_the_commit_of_the_performance_table(tmp_path: Path
 
 
 def test_the_probe_measures_both_in_process_rows_with_this_package(tmp_path: Path) -> None:
-    def probe(*args: str) -> dict[str, float]:
-        out = subprocess.run(
-            [sys.executable, str(PROBE), *args], capture_output=True, text=True, check=True, timeout=120
-        )
-        return dict(json.loads(out.stdout.splitlines()[-1]))
+    from bench import check_probe  # what each side's interpreter runs as a script, here with HEAD's package
 
-    inprocess = probe("inprocess", "200", str(tmp_path / "ip"))
+    inprocess = check_probe.inprocess(200, tmp_path / "ip")
     assert inprocess["on_us"] > 0 and inprocess["off_us"] > 0
-    assert probe("writer", "2000", str(tmp_path / "w"))["events_per_s"] > 0
+    assert check_probe.writer(2_000, tmp_path / "w")["events_per_s"] > 0
