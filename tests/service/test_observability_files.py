@@ -76,6 +76,8 @@ def test_dashboard_and_alerts_name_only_exported_metrics(tmp_path: Path, sidecar
         "MrtrKeysAuditEventsDropped",
         "MrtrKeysAuditAnchorFailing",
         "MrtrKeysKeystoreUnreachable",
+        "MrtrKeysWrappingKeyRevoked",
+        "MrtrKeysWrappingKeyUnreachable",
         "MrtrKeysSealBudgetHalfUsed",
         "MrtrKeysSealBudgetSpent",
     }
