@@ -7,6 +7,9 @@ paused-instance rows of fleet, can also run alone. Services
 Results are printed as a Markdown table and written to bench/results/<timestamp>.json and
 bench/results/latest.json.
 
+``python -m bench chaos --minutes M --seed S [--json] [--replay FILE]`` is the chaos soak (`bench.chaos`,
+docs/reliability.md): its own command line, run alone.
+
 Options: ``--quick`` (tiny counts, for a smoke run), ``--ops N`` (operations for the
 memory part, default 1,000,000), ``--repeats N``, ``--seconds S`` (per wrk run),
 ``--no-write`` (print only), ``--results-dir DIR``, ``--docs`` (also refresh the table in
@@ -64,6 +67,11 @@ def run_parts(parts: list[str], settings: Settings) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["chaos"]:
+        from bench.chaos.cli import main as chaos
+
+        return chaos(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", choices=[*PARTS, *ALONE, []], help="parts to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny counts (smoke run; numbers are noise)")

@@ -1,6 +1,7 @@
 """Part 1: in-process seal/unseal of a 300-byte envelope, every codec next to its anchors.
 
-Subjects: the local codec, the KMS data-key codec (on moto server, started here) and the
+Subjects: the local codec (a new ring: ``mk2``, AES-256-GCM-SIV) and the same over an ``mk1`` ring
+(AES-256-GCM, rings made before 0.2.0), the KMS data-key codec (on moto server, started here) and the
 Vault data-key codec (on an OpenBao dev server, started here). Anchors: the MCP SDK's
 built-in `AESGCMRequestStateCodec`, and raw `AESGCM.encrypt` + `decrypt` with a fresh
 ``os.urandom(12)`` nonce (the limit for any AES-GCM token codec in Python).
@@ -33,6 +34,9 @@ NOSPANS = "local without the tracing wrapper"
 TRACED = "local seal+unseal, OTel API, no tracer provider"
 NOFENCE = "local without the lease check"
 FENCED = "local seal+unseal, self-fencing lease check"
+LOCAL_MK1 = "local mk1"
+UNCOUNTED = "local without counting"
+COUNTED = "local seal+unseal, seal counting"
 
 
 @dataclass
@@ -105,13 +109,13 @@ def b64_loops(payload: bytes) -> dict[str, Loop]:
     return {"seal+unseal": both_loop}
 
 
-def _local(workdir: Path) -> Any:
+def _local(workdir: Path, key_format: str = "mk2") -> Any:
     from mrtr_keys.changes.create import create_ring
     from mrtr_keys.factory import open_codec
     from mrtr_keys.keystores.file import FileKeystore
 
-    path = workdir / "local-ring.json"
-    create_ring(FileKeystore(path))
+    path = workdir / f"local-ring-{key_format}.json"
+    create_ring(FileKeystore(path), key_format=key_format)
     return open_codec(path, audience=AUDIENCE)
 
 
@@ -158,6 +162,77 @@ def lease_row(r: dict[str, list[float]]) -> Row:
         f"{len(ratios)} rounds, per-round ratio IQR {spread_of(ratios):.3f}, {added:+.0f} ns a seal+unseal"
     )
     return row.decide(row.ratio, "<= 1.02x")
+
+
+def _uncounted_core(core: Any) -> Any:
+    """A copy of `core` (an `AESGCMTokenCore`) whose seal and unseal are the token core's before seal counting:
+    the same steps without the tally's ``next()``, its mark comparison, or the unseal count."""
+    from mrtr_keys.codecs import aesgcm as A
+
+    class Uncounted(type(core)):  # type: ignore[misc]
+        __slots__ = ()
+
+        def seal(self, payload: bytes) -> str:
+            if len(payload) > A.MAX_PAYLOAD_BYTES:
+                raise A.MrtrKeysError("payload too long")
+            encrypt, aad, raw_kid, kid, prefix, _, _ = self._sealer
+            nonce = A._take_nonce()
+            token: str = prefix + A.b64u_encode(raw_kid + nonce + encrypt(nonce, payload, aad))
+            if self._observer is not None:
+                self._observer.sealed(kid, token)
+            return token
+
+        def unseal(self, token: str) -> bytes:
+            if type(token) is not str or len(token) > A.MAX_TOKEN_CHARS or not token.startswith(A._PREFIXES):
+                self._rejected(None, token, "malformed")
+            raw = A.b64u_decode(token[A._PREFIX_LEN :])
+            if len(raw) < A._MIN_RAW:
+                self._rejected(None, token, "malformed")
+            raw_kid = raw[: A.KID_BYTES]
+            entry = self._ring.get(raw_kid)
+            if entry is None:
+                self._rejected(raw_kid, token, "unknown kid")
+            decrypt, aad, kid, prefix, _ = entry
+            if not token.startswith(prefix):
+                self._rejected(raw_kid, token, "other format")
+            payload: bytes = decrypt(raw[A.KID_BYTES : A._NONCE_END], raw[A._NONCE_END :], aad)
+            if self._observer is not None:
+                self._observer.unsealed(kid, token)
+            return payload
+
+    copy = object.__new__(Uncounted)
+    for name in A.AESGCMTokenCore.__slots__:
+        setattr(copy, name, getattr(core, name))
+    return copy
+
+
+def counting_pair(workdir: Path, payload: bytes, *, quick: bool) -> dict[str, list[float]]:
+    """Seal counting on the hot path (mrtr_keys.codecs.usage, issue 36), timed as a pair of its own: a local
+    codec as opened (its core counts every seal and unseal) vs another whose installed core is the same without
+    counting (`_uncounted_core`). Name -> per-round µs of one seal+unseal."""
+    counted = open_codec_for_bench(workdir, "counted")
+    plain = open_codec_for_bench(workdir, "uncounted")
+    plain._install(plain.ring, _uncounted_core(plain._core))
+    with_count, without = pair(
+        codec_loops(counted, payload)["seal+unseal"],
+        codec_loops(plain, payload)["seal+unseal"],
+        rounds=LEASE_ROUNDS // 10 if quick else LEASE_ROUNDS,
+        inner=50 if quick else 500,
+    )
+    return {COUNTED: with_count, UNCOUNTED: without}
+
+
+def counting_row(r: dict[str, list[float]]) -> Row:
+    """The ``seal counting`` row from `counting_pair`: paired ratio against the core without counting."""
+    ratios = [a / b for a, b in zip(r[COUNTED], r[UNCOUNTED], strict=True)]
+    row = Row(PART, COUNTED, "µs", median(r[COUNTED]), spread_of(r[COUNTED]), UNCOUNTED, samples=r[COUNTED])
+    row.ratio = paired_ratio(r[COUNTED], r[UNCOUNTED])
+    added = median([(a - b) * 1000 for a, b in zip(r[COUNTED], r[UNCOUNTED], strict=True)])
+    row.note = (
+        "one itertools.count next() and one comparison a seal, one next() an unseal (no lock, no remote call); "
+        f"{len(ratios)} rounds, per-round ratio IQR {spread_of(ratios):.3f}, {added:+.0f} ns a seal+unseal"
+    )
+    return row.decide(row.ratio, "<= 1.05x")
 
 
 def open_codec_for_bench(workdir: Path, name: str) -> Any:
@@ -216,6 +291,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     subjects = [
         Subject(SDK, AESGCMRequestStateCodec([os.urandom(32)])),
         Subject(LOCAL, _local(services.workdir)),
+        Subject(LOCAL_MK1, _local(services.workdir, "mk1")),
         _guarded(KMS, lambda: _kms(services)),
         _guarded(VAULT_DK, lambda: _vault_datakey(services)),
     ]
@@ -233,6 +309,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     }
     # The self-fencing lease check, timed on its own in more rounds (a ~2 % difference, a 1.02x target).
     fenced = lease_pair(services.workdir, payload, quick=settings.quick)
+    counting = counting_pair(services.workdir, payload, quick=settings.quick)
     calls_before = {s.name: s.proxy.requests for s in live if s.proxy is not None}
 
     results: dict[str, dict[str, list[float]]] = {}
@@ -257,6 +334,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
             if anchor:
                 row.anchor, row.ratio = anchor, paired_ratio(r[name], r[anchor])
             if op == "seal+unseal" and name == LOCAL:
+                row.note = "mk2 (AES-256-GCM-SIV): a new ring's format; docs/token-format.md"
                 row.decide(row.ratio, "<= 0.7x")
             rows.append(row)
         if op == "seal+unseal":
@@ -268,6 +346,11 @@ def run(services: Services, settings: Settings) -> list[Row]:
             row.note = "cost of the span wrapper when tracing is off (one call, one attribute test)"
             rows.append(row.decide(row.ratio, "<= 1.1x"))
             rows.append(lease_row(fenced))
+            rows.append(counting_row(counting))
+            row = Row(PART, f"{LOCAL} {op}", "µs", median(r[LOCAL]), spread_of(r[LOCAL]), LOCAL_MK1)
+            row.ratio = paired_ratio(r[LOCAL], r[LOCAL_MK1])
+            row.note = "mk2 (AES-256-GCM-SIV, 2^48 seals a key) against mk1 (AES-256-GCM, 2^32)"
+            rows.append(row)
             for s in subjects:
                 if s.name in (KMS, VAULT_DK):
                     if s.codec is None:

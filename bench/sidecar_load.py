@@ -6,8 +6,9 @@ the POST body and headers. wrk's own CPU use (user+system from `os.wait4`, as a 
 one core) is reported beside each number, since on a 2-core box it competes with the server.
 
 Sidecar: ``mrtr-keys serve`` on a local key ring, default settings except ``--workers``
-(`SIDECAR_WORKERS`), a client made with ``mrtr-keys clients add``. Anchor: the OpenBao dev
-server's transit ``encrypt``/``decrypt`` on a plain aes256-gcm96 key (not derived: the
+(`SIDECAR_WORKERS`), a client made with ``mrtr-keys clients add``. Seal counting (issue 36) is on, as by
+default; one pair compares it with a second sidecar started with ``MRTR_KEYS_SEAL_COUNTS=off``, interleaved.
+Anchor: the OpenBao dev server's transit ``encrypt``/``decrypt`` on a plain aes256-gcm96 key (not derived: the
 cheapest transit path, so the comparison favours the anchor). Runs are interleaved
 (sidecar, OpenBao, sidecar, OpenBao, ...) and medians taken over the repeats.
 """
@@ -202,6 +203,35 @@ def _note(results: list[WrkResult]) -> str:
     return text + (f", {errors} errors" if errors else "")
 
 
+COUNTING_ON = "sidecar seal c=16, seal counting on"
+COUNTING_OFF = "sidecar seal c=16, seal counting off"
+
+
+def _counting_rows(
+    wrk: str, services: Services, counted: Sidecar, scripts: dict[str, Path], settings: Settings
+) -> list[Row]:
+    """Seal counting on (the bench's sidecar, as by default: per-kid counters and reservations written to its audit
+    store's key_usage) against a sidecar started the same way with ``MRTR_KEYS_SEAL_COUNTS=off``, interleaved."""
+    plain = start_sidecar(services, name="sidecar-uncounted", env={"MRTR_KEYS_SEAL_COUNTS": "off"})
+    auth = {"Authorization": f"Bearer {plain.secret}"}
+    payload = envelope_payload()
+    script = lua_script(services.workdir, "seal-uncounted", {"audience": AUDIENCE, "payload": b64u(payload)}, auth)
+    on = Scenario(COUNTING_ON, counted.url + "/v1/seal", scripts["seal"], 16)
+    off = Scenario(COUNTING_OFF, plain.url + "/v1/seal", script, 16)
+    r_on, r_off = _ab(wrk, on, off, settings)
+    s_on, s_off = [r.rps for r in r_on], [r.rps for r in r_off]
+    base = Row(PART, COUNTING_OFF, "req/s", median(s_off), spread_of(s_off), note=_note(r_off), samples=s_off)
+    row = Row(PART, COUNTING_ON, "req/s", median(s_on), spread_of(s_on), COUNTING_OFF, paired_ratio(s_on, s_off))
+    row.samples = s_on
+    row.note = (
+        _note(r_on) + "; off: MRTR_KEYS_SEAL_COUNTS=off, no reservations written and the counters a no-op call "
+        "(the per-token code alone: inprocess 'seal counting')"
+    )
+    if any(r.errors for r in r_on + r_off):
+        row.note += " (non-2xx or socket errors: numbers not valid)"
+    return [base, row.decide(row.ratio, ">= 0.95x")]
+
+
 def run(services: Services, settings: Settings) -> list[Row]:
     targets = {"seal c=16": ">= 2x", "seal c=16 p99": "<= 0.25x", "batch": ">= 2x"}
     if not module_available("mrtr_keys.service.app"):
@@ -313,6 +343,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
             p99.ratio = paired_ratio(p_s, p_a)
             p99.note = f"OpenBao p99 {median(p_a):.2f} ms"
             rows.append(p99.decide(p99.ratio, "<= 0.25x"))
+    rows.extend(_counting_rows(wrk, services, sidecar, scripts, settings))
     rows.append(
         Row(
             PART,

@@ -58,6 +58,7 @@ LONG_FIRST = (
     ("e2e/test_paused_instance.py", 40),
     ("e2e/test_fleet_controls.py", 80),
     ("docs/test_doc_commands.py", 70),
+    ("bench/test_chaos.py", 75),
     ("bench/test_bench_fleet.py", 70),  # before "bench/": the first prefix that matches names the unit
     ("bench/", 70),
     ("e2e/test_gray_replay.py::test_a_silent_store_delays_only_the_unseals_that_need_it", 60),

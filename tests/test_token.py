@@ -20,6 +20,7 @@ from mcp.server.mcpserver import InvalidRequestState
 from mrtr_keys.changes.rotation import transition
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
 from mrtr_keys.codecs.local import LocalAESGCMCodec
+from mrtr_keys.ring.model import KeyFormat
 from mrtr_keys.token import MAX_TOKEN_CHARS, MalformedToken, b64u_decode, b64u_encode, pack, unpack
 from tests.fixtures.keyrings import T0, fresh_ring
 
@@ -28,7 +29,7 @@ PAYLOAD = b'{"v":1,"s":"step-2"}'
 B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 # One ring mid-rotation (phase 1): the primary seals, a second key verifies.
-RING = transition("begin", fresh_ring(), T0 + timedelta(minutes=1)).ring
+RING = transition("begin", fresh_ring(key_format=KeyFormat.MK1), T0 + timedelta(minutes=1), key_format="mk1").ring
 CODEC = LocalAESGCMCodec.from_ring(RING, audience=AUD)
 OTHER_KID = next(k.kid for k in RING.keys if k.kid != RING.primary.kid)
 

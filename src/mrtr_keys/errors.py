@@ -170,3 +170,19 @@ def check_keywords(given: Iterable[str], valid: Iterable[str], where: str) -> No
     closest = difflib.get_close_matches(name, known, n=1, cutoff=0.0)
     hint = f" (the closest it takes is {closest[0]}=)" if closest else ""
     raise ConfigError(f"{where} got an unknown keyword {name}={hint}")
+
+
+def bare(exc: BaseException) -> BaseException:
+    """`exc` without its traceback (nor those of the exceptions it chains), for a caller that keeps or chains it.
+
+    A failed psycopg connect leaves its socket to the attempt's frames (psycopg keeps the error in a local of
+    the frame its traceback holds: a cycle), so until a garbage collection runs, every attempt that timed out
+    would still hold a socket, and once the network heals the server a backend for each (the replay store saw
+    100-250 PostgreSQL backends at once after a silent spell; the audit writer 8 sockets after two)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc

@@ -47,6 +47,10 @@ def open_codec(
     ``presence`` attribute) every `heartbeat_every` seconds (default 10) under the name `instance`
     (default ``MRTR_KEYS_INSTANCE``, else ``host:pid``).
 
+    Every seal, unseal and rejection is counted per kid (`mrtr_keys.codecs.usage`): with an audit store the
+    instance also reserves and reports them there, fleet-wide (`mrtr_keys.fleet.usage`); with a meter provider
+    set they are OpenTelemetry counters too (`mrtr_keys.codecs.usage_otel`).
+
     The codec also fences itself (`mrtr_keys.codecs.fence`, its ``fence`` attribute): once `lease`
     seconds have passed since its last successful keystore check (a pause, an outage), a seal or unseal
     first checks the keystore; and an unseal that meets an unknown kid looks at the keystore once
@@ -75,8 +79,10 @@ def open_codec(
     """
     check_keywords(backend_options, keywords_of(open_codec) | ALL_BACKEND_OPTIONS, "open_codec()")
     from mrtr_keys.codecs.fence import check_lease
+    from mrtr_keys.codecs.usage_otel import install
     from mrtr_keys.keystores.watch import DEFAULT_INTERVAL, check_interval, lease_clock
 
+    install()  # the seal counts as OpenTelemetry metrics, once a meter provider is set
     interval = check_interval(DEFAULT_INTERVAL if reload_every is None else reload_every)
     lease = None if lease is None else check_lease(lease)
     max_fenced_out = None if max_fenced_out is None else check_lease(max_fenced_out, "max_fenced_out")
@@ -145,17 +151,25 @@ def _keep_current(
     loaded_at: float,
     max_fenced_out: float | None = None,
 ) -> None:
-    """Start the codec's ring watcher, its fence, and its presence heartbeat when it has an audit store;
-    count its rejections (and its wrapping key's checks) in prometheus-client's default registry."""
+    """Start the codec's ring watcher, its fence, and its presence heartbeat and seal counts
+    (`mrtr_keys.fleet.usage`) when it has an audit store; count its rejections (and its wrapping key's checks) in
+    prometheus-client's default registry."""
     from mrtr_keys.keystores.watch import watch_codec
 
     presence = None
+    on_switch = None
     sink = getattr(observer, "sink", None)
     if sink is not None:
         from mrtr_keys.fleet.presence import presence_for
 
         presence = presence_for(sink.store, name=instance, kind="library", every=heartbeat_every)
-    watcher = watch_codec(codec, store, interval=interval, on_switch=presence.beat_soon if presence else None)
+        beat, usage = presence.beat_soon, presence.usage()
+
+        def on_switch() -> None:  # a new generation: the heartbeat says so, the counts reserve for its keys
+            beat()
+            usage.wake()
+
+    watcher = watch_codec(codec, store, interval=interval, on_switch=on_switch)
     with contextlib.suppress(AttributeError):
         codec.watcher = watcher  # type: ignore[attr-defined]
         codec.presence = presence  # type: ignore[attr-defined]
@@ -168,9 +182,10 @@ def _keep_current(
     if getattr(codec, "kek", None) is not None:
         library_kek_metrics()
     if presence is not None:
-        from mrtr_keys.fleet.presence import codec_source
+        from mrtr_keys.fleet.presence import codec_source, ring_source
 
         presence.add(codec_source(codec, watcher))
+        presence.usage().watch(ring_source(codec))
 
 
 _fenced_out: Any = None

@@ -101,7 +101,12 @@ def test_keys_list_shows_kids_states_and_times_never_material(keystore: FileKeys
     ring = keystore.load()
     assert data["generation"] == 2 and data["codec"] == "local"
     assert [(k["kid"], k["state"]) for k in data["keys"]] == [(k.kid, k.state.value) for k in ring.keys]
-    assert set(data["keys"][0]) == {"kid", "state", "format", "created_at", "promoted_at", "demoted_at", "retired_at"}
+    times = {"created_at", "promoted_at", "demoted_at", "retired_at"}
+    counts = {"seals", "unseals", "rejections", "budget", "used"}  # issue 36: fleet-wide, against the budget
+    assert set(data["keys"][0]) == {"kid", "state", "format", *times, *counts}
+    # No instance has reported to this ring's (not yet written) audit store: the counts are unknown, and said so.
+    assert data["seal_counts"] is None and data["keys"][0]["seals"] is None and data["keys"][0]["budget"] == 2**47
+    assert "no presence store" in data["seal_counts_note"] and "no presence store" in ok(table).out
     assert ring.primary.kid in ok(table).out
     for material in materials(keystore.path):
         assert material not in as_json.out + table.out
@@ -262,15 +267,16 @@ def test_inspect_without_decrypting(keystore: FileKeystore) -> None:
     as_json, table = parallel(("inspect", token, "--json"), ("inspect", token), keystore=keystore.path)
     info = ok(as_json).json()
     assert info == {
-        "format": "mk1",
+        "format": "mk2",
         "kid": keystore.load().primary.kid,
         "state": "primary",
+        "key_format": "mk2",
         "token_chars": len(token),
         "nonce_bytes": 12,
         "ciphertext_bytes": 300,
         "tag_bytes": 16,
     }
-    assert "mk1" in ok(table).out and info["kid"] in table.out
+    assert "mk2" in ok(table).out and info["kid"] in table.out
 
 
 def test_inspect_names_the_state_of_a_retired_kid(keystore: FileKeystore) -> None:

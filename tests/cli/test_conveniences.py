@@ -89,10 +89,11 @@ def test_keys_list_fits_80_columns_and_wide_shows_every_column(ring: Path) -> No
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80, text
     assert lines[0].startswith("key ring r-") and "generation 5" in lines[0]
-    assert lines[1].split() == ["kid", "state", "created", "(UTC)", "promoted", "(UTC)", "retired", "(UTC)"]
+    assert lines[1].split() == ["kid", "state", "created", "(UTC)", "promoted", "(UTC)", "retired", "(UTC)", "used"]
     rows = {line.split()[0]: line.split() for line in lines[3:]}
     assert rows[old][1] == "destroyed" and rows[new][1] == "primary"
-    assert rows[new][-1] == "-"  # not retired; times to the minute, "2026-12-01 15:04"
+    assert rows[new][-2] == "-"  # not retired; times to the minute, "2026-12-01 15:04"
+    assert rows[new][-1] == "0.0%"  # of its seal budget, fleet-wide (issue 36)
     wide = ok(cli("keys", "list", "--wide", keystore=ring)).out
     for col in ("demoted_at", "destroyed_at"):
         assert col in wide
@@ -104,7 +105,7 @@ def test_keys_list_fits_80_columns_and_wide_shows_every_column(ring: Path) -> No
 def test_keys_show_one_key(ring: Path) -> None:
     kid = FileKeystore(ring).load().primary.kid
     info = ok(cli("keys", "show", kid, "--json", keystore=ring)).json()
-    assert info["kid"] == kid and info["state"] == "primary" and info["seals"] and info["unseals"]
+    assert info["kid"] == kid and info["state"] == "primary" and info["sealing"] and info["opening"]
     assert info["material"] == "held" and "material" not in json.dumps(
         {k: v for k, v in info.items() if k != "material"}
     )

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mrtr_keys.changes.wait import run_step_waiting
-from mrtr_keys.errors import NotYet
+from mrtr_keys.errors import KeystoreUnavailable, NotYet
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.keystores.file import FileKeystore
 from tests.fixtures.audit import cli
@@ -68,6 +68,51 @@ def test_wait_gives_up_with_the_last_refusal_when_time_runs_out(keystore: FileKe
         run_step_waiting(keystore, "promote", wait=2, gate=gate, clock=fake.clock, sleep=fake.sleep)
     assert fake.t == pytest.approx(2.0) and max(fake.slept) == 0.25  # woke when the refusal said it opens
     assert keystore.load().generation == 2  # nothing written
+
+
+class Unreachable(FileKeystore):
+    """The ring file, unreachable (KeystoreUnavailable, as a remote keystore's outage) for its first `loads` reads
+    and its first `saves` writes."""
+
+    def __init__(self, path: Path, *, loads: int, saves: int) -> None:
+        super().__init__(path)
+        self.left = {"load": loads, "save": saves}
+
+    def _down(self, op: str) -> None:
+        if self.left[op] > 0:
+            self.left[op] -= 1
+            raise KeystoreUnavailable("key ring is unavailable (connection refused); nothing was changed, retry later")
+
+    def load(self) -> Any:
+        self._down("load")
+        return super().load()
+
+    def save(self, ring: Any, *, expected_generation: int) -> None:
+        self._down("save")
+        super().save(ring, expected_generation=expected_generation)
+
+
+def test_wait_rides_out_a_keystore_outage_as_it_does_a_closed_gate(keystore: FileKeystore) -> None:
+    """A keystore out of reach is "retry later" (exit 75) like a closed gate: `--wait` tries again until it is done
+    or the time is up. It gave up at once, so a deploy pipeline's ``rotate next --wait 900`` failed its job on a
+    one-second OpenBao blip (issue 40: 75 exits from the chaos rotator within its wait, every keystore cut)."""
+    fake = FakeTime()
+    seen: list[tuple[str, str]] = []
+    flaky = Unreachable(keystore.path, loads=2, saves=1)
+    result = run_step_waiting(
+        flaky,
+        "next",
+        wait=10,
+        clock=fake.clock,
+        sleep=fake.sleep,
+        on_wait=lambda s, e, left: seen.append((s, type(e).__name__)),
+    )
+    assert result.op == "begin" and result.changed and keystore.load().generation == 2
+    assert seen == [("next", "KeystoreUnavailable")] * 2 + [("begin", "KeystoreUnavailable")]
+    down = Unreachable(keystore.path, loads=100, saves=100)
+    with pytest.raises(KeystoreUnavailable):
+        run_step_waiting(down, "promote", wait=3, clock=fake.clock, sleep=fake.sleep)
+    assert keystore.load().generation == 2
 
 
 def test_promote_wait_exits_75_naming_the_instance_and_shows_progress(tmp_path: Path) -> None:

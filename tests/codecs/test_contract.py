@@ -23,6 +23,7 @@ from tests.fixtures.codec_contract import CodecUnderTest
 
 CODEC_FACTORIES: list[tuple[str, str]] = [
     ("local", "local_codec_factory"),
+    ("local-mk1", "local_mk1_codec_factory"),
     ("kms", "kms_codec_factory"),
     ("sidecar", "sidecar_codec_factory"),
     ("vault-remote", "vault_remote_codec_factory"),

@@ -15,13 +15,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from mcp.server.mcpserver import InvalidRequestState
 
 import mrtr_keys
 from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.keystores.vault_kv import VaultKVKeystore
 from mrtr_keys.providers.vault.client import VaultClient, VaultSettings
 from tests.fixtures.openbao import OpenBao
+from tests.support.lateness import Relay
 from tests.support.proxy import CountingProxy
+from tests.support.waiting import until
 
 AUD = "svc"
 LEASE = 0.5
@@ -84,3 +88,44 @@ def test_a_keystore_out_of_reach_blocks_one_call_a_lease_for_at_most_its_deadlin
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
+
+
+def test_with_the_clients_own_deadlines_a_silent_keystore_holds_a_call_at_most_the_fences_wait(
+    openbao: OpenBao, bao_env: dict[str, str], bao_proxy: CountingProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Vault client's defaults (10 s a request, two retries) are for a CLI run, not for a call an MCP server
+    makes on its event loop: the fence waits for its keystore check at most `Fence.wait` (1 s), the check goes
+    on in the background, and every call meanwhile is served fenced out at once. The unknown-kid look waits no
+    longer either (issue 40: a 60 s blackhole of OpenBao held every round of three MCP servers for 30 s a lease,
+    past the clients' 15 s deadline)."""
+    monkeypatch.setenv("MRTR_KEYS_STATE_DIR", str(tmp_path / "state"))
+    direct = VaultKVKeystore(
+        "secret", f"fence/{tmp_path.name}", client=VaultClient(VaultSettings(addr=openbao.addr, token=openbao.token))
+    )
+    create_ring(direct, audiences=(AUD,))
+    codec = mrtr_keys.open_codec(direct.url, audience=AUD, reload_every=60, lease=LEASE)
+    fence = codec.fence  # type: ignore[attr-defined]
+    _served(codec, 2)
+    ahead = mrtr_keys.open_codec(direct, audience=AUD, reload_every=0)
+    run_step(direct, "begin", force=True)
+    run_step(direct, "promote", force=True)  # the codec behind the proxy never hears of the new key
+    ahead.reload()
+    unknown = ahead.seal(b"sealed with a key the fenced codec never saw")
+    bao_proxy.faults.blackhole()
+    try:
+        with Relay() as relay:
+            time.sleep(LEASE + 0.1)
+            first = _served(codec, 1)  # the lease ran out: this call waits for the check, 1 s at most
+            rest = _served(codec, 20)  # the check is still out: no call waits
+            started = time.monotonic()
+            with pytest.raises(InvalidRequestState):
+                codec.unseal(unknown)  # one look, 1 s at most, then refused as before
+            look = time.monotonic() - started
+            late = relay.overrun
+        assert first < fence.wait + 0.5 + late and rest < 0.5 + late and look < fence.wait + 0.5 + late
+        assert (first, rest, look) > (fence.wait * 0.9, 0.0, fence.wait * 0.9)
+        assert fence.error == f"the keystore check did not answer within {fence.wait:g} s" and fence.sync_checks == 1
+    finally:
+        bao_proxy.faults.restore()
+    until(lambda: _served(codec, 1) >= 0 and fence.error is None, 40.0, "the lease renewed once OpenBao answers")
+    assert codec.unseal(unknown) == b"sealed with a key the fenced codec never saw"

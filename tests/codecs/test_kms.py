@@ -98,11 +98,13 @@ def test_same_token_format_as_the_local_codec(kms: KMSEnv, tmp_path: Path) -> No
     ring = codec.ring
     material = codec._unwrapped[next(iter(codec._unwrapped))]
     primary = ring.primary
-    local_key = Key(kid=primary.kid, state=primary.state, created_at=primary.created_at, material=material)
+    local_key = Key(
+        kid=primary.kid, state=primary.state, created_at=primary.created_at, material=material, format=primary.format
+    )
     local_ring = KeyRing(ring_id=ring.ring_id, generation=1, keys=(local_key,))
     local = LocalAESGCMCodec.from_ring(local_ring, audience="svc")
     token = codec.seal(b"same format")
-    assert token.startswith("mk1.")
+    assert token.startswith("mk2.")
     assert local.unseal(token) == b"same format"
 
 
@@ -132,7 +134,7 @@ def test_wrapped_key_moved_into_another_ring_does_not_unwrap(kms: KMSEnv, tmp_pa
     kid = donor_key["kid"]
     with pytest.raises(UnwrapError, match=rf"key {kid}: cannot unwrap: InvalidCiphertextException"):
         KMSEnvelopeCodec(victim, audience="svc")
-    assert KMSEnvelopeCodec(donor, audience="svc").seal(b"x").startswith("mk1.")
+    assert KMSEnvelopeCodec(donor, audience="svc").seal(b"x").startswith("mk2.")
 
 
 @pytest.mark.parametrize(
@@ -261,7 +263,7 @@ def test_context_follows_the_audience_scope(kms: KMSEnv, tmp_path: Path) -> None
     ring = store.load()
     assert ring.primary.key_data["encryption_context"]["mrtr:audiences"] == "billing,search"
     assert KMSEnvelopeCodec(store, audience="billing").unseal(token) == b"in flight"
-    assert KMSEnvelopeCodec(store, audience="search").seal(b"x").startswith("mk1.")
+    assert KMSEnvelopeCodec(store, audience="search").seal(b"x").startswith("mk2.")
     scope.remove(store, "search")
     assert store.load().primary.key_data["encryption_context"]["mrtr:audiences"] == "billing"
     with pytest.raises(AudienceError):

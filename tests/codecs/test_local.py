@@ -10,15 +10,17 @@ from __future__ import annotations
 import base64
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from mcp.server.mcpserver import InvalidRequestState, RequestStateSecurity
 
 import mrtr_keys
+from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs import LocalAESGCMCodec
 from mrtr_keys.codecs.aesgcm import MAX_PAYLOAD_BYTES
@@ -30,39 +32,57 @@ from tests.fixtures.keyrings import fresh_ring, write_ring_doc
 AUD = "billing"
 
 
+SPEC = {
+    "mk1": (AESGCM, b"mrtr-keys/v1/aes-256-gcm/audience:"),
+    "mk2": (AESGCMSIV, b"mrtr-keys/v2/aes-256-gcm-siv/audience:"),
+}
+"""docs/token-format.md: each format's AEAD (from `cryptography`) and HKDF info prefix."""
+
+
+def spec_key(fmt: str, ring_key: bytes, audience: str) -> AESGCM | AESGCMSIV:
+    aead, info = SPEC[fmt]
+    return aead(HKDF(algorithm=SHA256(), length=32, salt=None, info=info + audience.encode()).derive(ring_key))
+
+
 def spec_open(token: str, ring_key: bytes, audience: str) -> tuple[str, bytes]:
     """docs/token-format.md, independently: returns (kid hex, plaintext)."""
-    assert token.startswith("mk1.")
-    body = token[4:]
+    fmt, dot, body = token.partition(".")
+    assert dot and fmt in SPEC
     raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
     kid, nonce, sealed = raw[:4], raw[4:16], raw[16:]
-    key = HKDF(
-        algorithm=SHA256(), length=32, salt=None, info=b"mrtr-keys/v1/aes-256-gcm/audience:" + audience.encode()
-    ).derive(ring_key)
-    return kid.hex(), AESGCM(key).decrypt(nonce, sealed, b"mk1." + kid + audience.encode())
+    return kid.hex(), spec_key(fmt, ring_key, audience).decrypt(
+        nonce, sealed, f"{fmt}.".encode() + kid + audience.encode()
+    )
 
 
-def spec_seal(payload: bytes, kid: str, ring_key: bytes, audience: str) -> str:
-    key = HKDF(
-        algorithm=SHA256(), length=32, salt=None, info=b"mrtr-keys/v1/aes-256-gcm/audience:" + audience.encode()
-    ).derive(ring_key)
-    nonce = os.urandom(12)
+def spec_seal(
+    payload: bytes, kid: str, ring_key: bytes, audience: str, fmt: str = "mk2", nonce: bytes | None = None
+) -> str:
+    nonce = os.urandom(12) if nonce is None else nonce
     raw_kid = bytes.fromhex(kid)
-    sealed = AESGCM(key).encrypt(nonce, payload, b"mk1." + raw_kid + audience.encode())
-    return "mk1." + base64.urlsafe_b64encode(raw_kid + nonce + sealed).decode().rstrip("=")
+    sealed = spec_key(fmt, ring_key, audience).encrypt(nonce, payload, f"{fmt}.".encode() + raw_kid + audience.encode())
+    return f"{fmt}." + base64.urlsafe_b64encode(raw_kid + nonce + sealed).decode().rstrip("=")
 
 
+@pytest.mark.parametrize("fmt", ["mk2", "mk1"])
 @pytest.mark.parametrize("audience", ["billing", "sërvice-ü", "a"])
-def test_tokens_follow_the_documented_format(keystore: FileKeystore, audience: str) -> None:
+def test_tokens_follow_the_documented_format(tmp_path: Path, fmt: str, audience: str) -> None:
+    """New rings seal mk2 (AES-256-GCM-SIV); a ring made with --key-format mk1 (or before 0.2.0) seals mk1."""
+    keystore = FileKeystore(tmp_path / "keyring.json")
+    create_ring(keystore, key_format=fmt)
     ring = keystore.load()
-    assert ring.primary.material is not None
+    assert ring.primary.material is not None and ring.primary.format.value == fmt
     codec = LocalAESGCMCodec(keystore, audience=audience)
     token = codec.seal(b"payload")
+    assert token.startswith(f"{fmt}.")
     assert spec_open(token, ring.primary.material, audience) == (ring.primary.kid, b"payload")
     assert len(base64.urlsafe_b64decode(token[4:] + "==")) == 4 + 12 + len(b"payload") + 16
-    assert codec.unseal(spec_seal(b"from the spec", ring.primary.kid, ring.primary.material, audience)) == (
+    assert codec.unseal(spec_seal(b"from the spec", ring.primary.kid, ring.primary.material, audience, fmt)) == (
         b"from the spec"
     )
+    other = "mk1" if fmt == "mk2" else "mk2"  # the same body under the other prefix: refused, never opened
+    with pytest.raises(InvalidRequestState, match="other format"):
+        codec.unseal(other + token[3:])
 
 
 def test_opened_from_a_path_a_string_a_file_url_or_a_keystore(keystore: FileKeystore) -> None:
@@ -221,3 +241,39 @@ def test_the_documented_test_vector_unseals() -> None:
         LocalAESGCMCodec.from_ring(KeyRing(ring_id="r-test", generation=1, keys=(key,)), audience="Billing").unseal(
             "mk1.CgsMDQABAgMEBQYHCAkKCznrA19r5lkhee3gAwE1yZOwWO5a0g"
         )
+
+
+MK2_VECTOR = "mk2.CgsMDQABAgMEBQYHCAkKC6Uh7ZpEKE0dTpOl8hflJYoQbGCy3g"
+
+
+def test_the_documented_mk2_test_vector_unseals_and_is_what_the_spec_seals() -> None:
+    """docs/token-format.md, "Test vector (mk2)": the same inputs as mk1's under AES-256-GCM-SIV (RFC 8452)."""
+    from datetime import UTC, datetime
+
+    from mrtr_keys.ring.model import Key, KeyFormat, KeyRing, KeyState
+
+    key = Key(
+        kid="0a0b0c0d",
+        state=KeyState.PRIMARY,
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        material=bytes(range(32)),
+        format=KeyFormat.MK2,
+    )
+    ring = KeyRing(ring_id="r-test", generation=1, keys=(key,))
+    assert spec_seal(b"hello", "0a0b0c0d", bytes(range(32)), "billing", "mk2", bytes(range(12))) == MK2_VECTOR
+    assert LocalAESGCMCodec.from_ring(ring, audience="billing").unseal(MK2_VECTOR) == b"hello"
+    with pytest.raises(InvalidRequestState):
+        LocalAESGCMCodec.from_ring(ring, audience="Billing").unseal(MK2_VECTOR)
+    mk1 = KeyRing(ring_id="r-test", generation=1, keys=(replace(key, format=KeyFormat.MK1),))
+    with pytest.raises(InvalidRequestState, match="other format"):  # an mk2 token never opens under an mk1 key
+        LocalAESGCMCodec.from_ring(mk1, audience="billing").unseal(MK2_VECTOR)
+
+
+def test_mk2_is_rfc_8452_aes_256_gcm_siv() -> None:
+    """The primitive under mk2 is RFC 8452's AEAD_AES_256_GCM_SIV: its appendix C.2 vectors, through
+    `cryptography` (the one AEAD we call, never our own)."""
+    key, nonce = bytes.fromhex("01" + "00" * 31), bytes.fromhex("03" + "00" * 11)
+    assert AESGCMSIV(key).encrypt(nonce, b"", b"").hex() == "07f5f4169bbf55a8400cd47ea6fd400f"
+    assert AESGCMSIV(key).encrypt(nonce, bytes.fromhex("0100000000000000"), b"").hex() == (
+        "c2ef328e5c71c83b843122130f7364b761e0b97427e3df28"
+    )

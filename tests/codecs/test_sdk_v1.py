@@ -61,25 +61,27 @@ def test_an_sdk_format_key_binds_the_audience_through_the_envelope(tmp_path: Pat
         LocalAESGCMCodec(scoped, audience="billing")
 
 
-def test_rotation_moves_the_ring_from_v1_to_mk1_tokens_with_reason_codes(tmp_path: Path) -> None:
-    """begin: still v1.; promote: mk1. seals, v1. opens; retire: v1. is `retired kid`."""
+@pytest.mark.parametrize("fmt", ["mk2", "mk1"])
+def test_rotation_moves_the_ring_from_v1_to_mk_tokens_with_reason_codes(tmp_path: Path, fmt: str) -> None:
+    """begin: still v1.; promote: mk2. (or, with --key-format mk1, mk1.) seals, v1. opens; retire: v1. is
+    `retired kid`."""
     key = new_sdk_key()
     store = sdk_ring(tmp_path / "r.json", key)
     sdk = AESGCMRequestStateCodec([key])
     body = envelope(b"s", AUD)
     old = sdk.seal(body)
-    begun = run_step(store, "begin")
+    begun = run_step(store, "begin", key_format=fmt)
     codec = LocalAESGCMCodec(store, audience=AUD)
     assert codec.seal(body).startswith("v1.") and codec.unseal(old) == body
     promoted = run_step(store, "promote")
     assert codec.reload()
     new = codec.seal(body)
-    assert new.startswith("mk1.") and codec.unseal(new) == body and codec.unseal(old) == body
-    # A v1. token relabelled with the mk1 key's kid, and an mk1. token with the SDK kid: refused by kid.
-    v1_raw, mk1_raw = old[3:], new[4:]
+    assert new.startswith(f"{fmt}.") and codec.unseal(new) == body and codec.unseal(old) == body
+    # A v1. token relabelled with the new key's kid, and a new token with the SDK kid: refused by kid.
+    v1_raw, mk_raw = old[3:], new[4:]
     new_kid_b64 = LocalAESGCMCodec(store, audience=AUD).seal(body)[4:10]
     assert reason(codec, "v1." + new_kid_b64 + v1_raw[6:]) == "other format"
-    assert reason(codec, "mk1." + v1_raw[:6] + mk1_raw[6:]) == "unknown kid"
+    assert reason(codec, f"{fmt}." + v1_raw[:6] + mk_raw[6:]) == "unknown kid"
     run_step(store, "retire", now=promoted.ring.primary.promoted_at + timedelta(seconds=661))  # type: ignore[operator]
     assert codec.reload()
     assert reason(codec, old) == "retired kid" and reason(codec, tampered(codec.seal(body))) == "seal"
@@ -128,10 +130,10 @@ def test_a_revoked_sdk_key_is_replaced_by_an_mk1_primary_and_its_v1_tokens_say_r
 
 
 def test_ring_documents_stay_backward_compatible_and_hold_sdk_keys_apart(tmp_path: Path) -> None:
-    """A ring without SDK keys is written as before (no format field) and old documents load as mk1;
+    """A ring of mk1 keys is written as before (no format field) and old documents load as mk1;
     an SDK key is stored as sdk_key, never as material, so a build without formats refuses the ring."""
     plain = FileKeystore(tmp_path / "plain.json")
-    create_ring(plain)
+    create_ring(plain, key_format="mk1")
     doc = json.loads((tmp_path / "plain.json").read_text())
     assert "format" not in doc["keys"][0] and "sdk_key" not in doc["keys"][0]
     assert plain.load().primary.format is KeyFormat.MK1
@@ -153,7 +155,7 @@ def test_broken_sdk_keys_in_a_ring_are_refused_without_echoing_them(tmp_path: Pa
     good = json.loads((tmp_path / "sdk.json").read_text())
     entry = good["keys"][0]
     cases = {
-        "format": ({**entry, "format": "v2"}, "format must be mk1 or sdk-v1"),
+        "format": ({**entry, "format": "v2"}, "format must be mk1, mk2 or sdk-v1"),
         "short": ({**entry, "sdk_key": "QUFB"}, "decodes to 3 bytes"),
         "material": ({**entry, "material": entry["sdk_key"]}, "only in a local ring"),
         "stray": ({**entry, "format": "mk1"}, "sdk_key belongs to an sdk-v1 key"),

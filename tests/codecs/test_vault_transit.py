@@ -61,7 +61,7 @@ def test_payloads_round_trip_exactly(
     """Bytes fb ef ff (not UTF-8) and an empty payload round-trip exactly in both modes."""
     codec = VaultTransitCodec(make_ring(tmp_path, transit_key, mode), audience="billing")
     token = codec.seal(payload)
-    assert token.startswith(TOKEN_PREFIX if mode == "remote" else "mk1.")
+    assert token.startswith(TOKEN_PREFIX if mode == "remote" else "mk2.")
     assert codec.unseal(token) == payload
 
 
@@ -74,6 +74,27 @@ def test_remote_seal_and_unseal_each_make_one_transit_call(
     assert codec.unseal(token) == b"x"
     assert openbao.requests_to(f"transit/encrypt/{transit_key}") == 1
     assert openbao.requests_to(f"transit/decrypt/{transit_key}") == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_both_modes_count_seals_unseals_and_rejections_against_their_budget(
+    bao_env: dict[str, str], transit_key: str, tmp_path: Path, mode: str
+) -> None:
+    """Issue 36: remote mode (Vault's own format) is counted like the shared core, with Vault's limit (2^32 a
+    transit key version, halved) as its budget; datakey mode makes mk2 keys (2^48, halved)."""
+    from mrtr_keys.codecs.usage import usage_for
+    from mrtr_keys.ring.budgets import budget_of
+
+    codec = VaultTransitCodec(make_ring(tmp_path, transit_key, mode), audience="billing")
+    ring = codec.ring
+    for _ in range(3):
+        codec.unseal(codec.seal(b"x"))
+    sealed = codec.seal(b"y")
+    with pytest.raises(InvalidRequestState):
+        codec.unseal(sealed[:-2] + ("BA" if sealed.endswith("AA") else "AA"))
+    tally = usage_for(ring.ring_id).kid(ring.primary.kid)
+    assert (tally.seals, tally.unseals, tally.rejections) == (4, 3, 1)
+    assert budget_of(ring, ring.primary) == (2**31 if mode == "remote" else 2**47)
 
 
 def test_datakey_mode_unwraps_once_then_makes_no_vault_call_per_token(

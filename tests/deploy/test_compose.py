@@ -159,7 +159,7 @@ def _run_stack(
 
     for name, url in urls.items():
         first = anyio.run(first_round, url)
-        assert first.request_state and first.request_state.startswith("mk1.")
+        assert first.request_state and first.request_state.startswith("mk2.")
         done_round = anyio.run(retry_round, url, first.request_state)
         assert "eu-west-1" in text_of(done_round), name
 

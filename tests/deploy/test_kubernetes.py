@@ -263,6 +263,7 @@ def test_rotation_cronjob_runs_as_written(box: Sandbox, cluster: Cluster, admin:
     assert ROTATION.container["securityContext"]["readOnlyRootFilesystem"]
     args = ROTATION.argv(image)
     assert args[1:4] == ["rotate", "next", "--if-older-than"] and "--wait" in args
+    assert args[args.index("--if-used-over") + 1] == "0.5"  # by use too (issue 36): whichever comes first
     env = ROTATION.lay_out(
         box,
         image,
@@ -280,6 +281,7 @@ def test_rotation_cronjob_runs_as_written(box: Sandbox, cluster: Cluster, admin:
     young = run_job()
     assert young.returncode == 0, young.stdout + young.stderr
     assert young.stdout.startswith("nothing to do: primary ") and "younger than 30d" in young.stdout
+    assert "of its seal budget of 140,737,488,355,328 (" in young.stdout and "), not over 50 %" in young.stdout
 
     _backdate(admin, days=31)
     begun = run_job()

@@ -146,7 +146,7 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         assert [(fleet[n]["primary_kid"], fleet[n]["primary_format"]) for n in ("B", "C")] == [(kid, "sdk-v1")] * 2
         assert f"{kid}: the MCP SDK's own key" in m.cli("fleet", "status").out
 
-        # Phase 1: a new mk1 key every instance learns; the SDK key still seals.
+        # Phase 1: a new mk2 key every instance learns; the SDK key still seals.
         began = m.cli("rotate", "begin", "--json").json()
         new_kid = began["new"]
         m.wait_loaded(began["generation"])
@@ -158,13 +158,13 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         before_promote = {s.instance: m.mint(s, f"pre-{s.instance}") for s in (b, c)}
         assert all(t.startswith("v1.") for t in before_promote.values())
 
-        # Phase 2: the mk1 key seals (the promote gate reads the audit log: both instances loaded phase 1).
+        # Phase 2: the mk2 key seals (the promote gate reads the audit log: both instances loaded phase 1).
         promoted = m.step_when_gates_allow("promote").json()
         m.wait_loaded(promoted["generation"])
         fleet = m.fleet(promoted["generation"])
-        assert {(r["primary_kid"], r["primary_format"]) for r in fleet.values()} == {(new_kid, "mk1")}
+        assert {(r["primary_kid"], r["primary_format"]) for r in fleet.values()} == {(new_kid, "mk2")}
         new_tokens = m.both_ways("2-promoted", b, c)
-        assert all(t.startswith("mk1.") for t in new_tokens)
+        assert all(t.startswith("mk2.") for t in new_tokens)
         assert m.cli("inspect", new_tokens[0], "--json").json()["kid"] == new_kid
         for minted_on, other in (("B", c), ("C", b)):  # v1. tokens minted before the promote still complete
             text = text_of(
@@ -198,7 +198,7 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         m.wait_loaded(retired["generation"] + 1)
         m.refused(b, before_promote["C"], "pre-C")
         final = m.both_ways("3-retired", b, c)
-        assert all(t.startswith("mk1.") for t in final)
+        assert all(t.startswith("mk2.") for t in final)
 
         # The audit log: the init is marked as the SDK format; seals by kid show the move.
         init_events = m.cli("audit", "query", "--op", "init", "--json").json()
@@ -218,7 +218,7 @@ def test_a_fleet_on_the_sdks_key_moves_to_mrtr_keys_and_rotates_out_without_drop
         ("0-mixed", "v1"): 4,
         ("0-ring", "v1"): 4,
         ("1-begun", "v1"): 4,
-        ("2-promoted", "mk1"): 4,
+        ("2-promoted", "mk2"): 4,
         ("2-promoted", "v1-before-promote"): 2,
-        ("3-retired", "mk1"): 4,
+        ("3-retired", "mk2"): 4,
     }

@@ -15,7 +15,7 @@ from tests.e2e.servers import SDK_DEFAULT_KEY
 def test_a_retry_served_by_another_process_succeeds_with_a_shared_key_ring(keystore_path: Path, tmp_path: Path) -> None:
     result = run_fleet_round_trip(keystore_path, "provisioner", log_dir=tmp_path)
 
-    assert result.request_state.startswith("mk1.")
+    assert result.request_state.startswith("mk2.")
     assert result.accepted, result.explain()
     assert result.text == "Provisioned 'orders' in eu-west-1. (served by B)"
     assert "requestState rejected" not in result.logs["B"]
@@ -27,7 +27,7 @@ def test_the_same_fleet_with_the_sdk_default_key_rejects_the_retry(keystore_path
         keystore_path, "provisioner", key_args=SDK_DEFAULT_KEY, control=True, log_dir=tmp_path
     )
 
-    assert not result.request_state.startswith("mk1.")
+    assert not result.request_state.startswith("mk2.")
     assert result.error_code_and_message == INVALID_REQUEST_STATE, result.explain()
     assert result.text is None
     assert "requestState rejected on tools/call" in result.logs["B"]

@@ -14,7 +14,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ElicitRequest, InputRequiredResult
 
-from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX
+from mrtr_keys.codecs.aesgcm import MK2_PREFIX, TOKEN_PREFIX
 from mrtr_keys.example.app import QUESTION_STATE
 from mrtr_keys.example.client import answer_with
 from tests.e2e.fleet import INVALID_REQUEST_STATE
@@ -38,7 +38,7 @@ def test_by_hand_the_wire_state_is_our_sealed_token_and_the_retry_succeeds(examp
     assert isinstance(question, ElicitRequest)
     assert question.params.message == "Which region should the database live in?"
     token = first.request_state or ""
-    assert token.startswith(TOKEN_PREFIX) and TOKEN_PREFIX == "mk1."
+    assert token.startswith(MK2_PREFIX) and MK2_PREFIX == "mk2."
     assert QUESTION_STATE not in token  # sealed, not echoed in clear
 
     final = anyio.run(retry_round, example_mcp, token, "us-east-2")

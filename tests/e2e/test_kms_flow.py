@@ -54,7 +54,7 @@ def test_by_hand_the_token_is_ours_and_a_tampered_one_is_refused(kms: KMSEnv, tm
     path = kms_ring(tmp_path, kms)
     mcp = build_server(request_state_security(path, audience=DEFAULT_NAME))
     token = anyio.run(first_round, mcp).request_state or ""
-    assert token.startswith("mk1.")
+    assert token.startswith("mk2.")
     assert text_of(anyio.run(retry_round, mcp, token, "us-east-2")) == "Provisioned 'orders' in us-east-2."
     tampered = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
     with pytest.raises(MCPError) as refused:
@@ -68,7 +68,7 @@ def test_fleet_two_processes_one_kms_ring(kms: KMSEnv, tmp_path: Path) -> None:
     run_step(FileKeystore(path), "begin")  # two usable data keys
     kms.proxy.reset()
     result = run_fleet_round_trip(path, "provisioner", env=kms.env, log_dir=tmp_path)
-    assert result.request_state.startswith("mk1.")
+    assert result.request_state.startswith("mk2.")
     assert result.accepted, result.explain()
     assert result.text == "Provisioned 'orders' in eu-west-1. (served by B)"
     # 2 usable data keys unwrapped once per process start, none per round (4 unless a server found its port

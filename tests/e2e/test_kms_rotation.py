@@ -136,7 +136,7 @@ def test_inspect_describes_and_decrypts_a_kms_token(kms: KMSEnv, tmp_path: Path)
     codec = KMSEnvelopeCodec(path, audience=AUD)
     token = codec.seal(b'{"v":1,"s":"inner"}')
     info = cli(kms, path, "inspect", token)
-    assert (info["format"], info["kid"], info["state"]) == ("mk1", codec.ring.primary.kid, "primary")
+    assert (info["format"], info["kid"], info["state"]) == ("mk2", codec.ring.primary.kid, "primary")
     decrypted = cli(kms, path, "inspect", token, "--decrypt", "--audience", AUD)
     assert decrypted["decrypted"] is True and decrypted["envelope_version"] == 1
 

@@ -50,7 +50,7 @@ def test_the_three_line_snippet_builds_a_server_that_seals_with_the_ring(
     async def provision(name: str, ctx: Context) -> str | InputRequiredResult:
         return InputRequiredResult(input_requests={}, request_state="asked")
 
-    assert (anyio.run(first_round, mcp).request_state or "").startswith("mk1.")
+    assert (anyio.run(first_round, mcp).request_state or "").startswith("mk2.")
 
 
 def test_init_then_the_example_server_then_the_client(tmp_path: Path, example_servers: ServerPool) -> None:

@@ -60,7 +60,7 @@ def test_multi_round_trip_through_the_sidecar(shared: Sidecar) -> None:
 
     assert text_of(anyio.run(go)) == "Provisioned 'orders' in eu-west-1."
     token = anyio.run(first_round, server).request_state or ""
-    assert token.startswith("mk1.")
+    assert token.startswith("mk2.")
     with pytest.raises(MCPError) as refused:
         anyio.run(retry_round, server, token[:-1] + ("A" if token[-1] != "A" else "B"))
     assert (refused.value.code, refused.value.message) == INVALID_REQUEST_STATE

@@ -40,7 +40,7 @@ def test_make_run_creates_state_serves_on_loopback_and_never_prints_the_secret(t
             json={"audience": "demo", "payload": "aGk"},
             headers={"authorization": f"Bearer {secret}"},
         )
-        assert r.status_code == 200 and r.json()["token"].startswith("mk1.")
+        assert r.status_code == 200 and r.json()["token"].startswith("mk2.")
         printed = server.output()
         assert secret not in printed
         assert "request_state_security(" in printed and f"http://127.0.0.1:{port}" in printed

@@ -29,7 +29,7 @@ from tests.e2e.servers import first_round, retry_round, text_of
 from tests.fixtures.openbao import OpenBao
 from tests.support.proxy import CountingProxy
 
-PREFIX = {"remote": "mkv1.", "datakey": "mk1."}
+PREFIX = {"remote": "mkv1.", "datakey": "mk2."}
 
 
 def vault_ring(tmp_path: Path, key: str, mode: str) -> Path:

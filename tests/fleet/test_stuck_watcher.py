@@ -91,3 +91,26 @@ def test_a_stuck_watcher_is_reported_and_holds_retire_until_it_checks_again(tmp_
     assert codec.presence.beat()  # type: ignore[attr-defined]
     assert cli("fleet", "status", keystore=ring).out.splitlines()[0].endswith(": 1 live, 0 stale, 0 stopped")
     watcher.stop()
+
+
+def test_an_instance_both_stuck_and_fenced_out_says_both_in_its_heartbeat(tmp_path: Path) -> None:
+    """Cut from its keystore, an instance's watcher gets stuck and, its lease run out, it serves fenced out; the
+    heartbeat said only ``watcher stuck since ...`` (the first note won), so `fleet status` never showed that it
+    served calls on its last good ring (issue 40's chaos run, seed 21: 84 fenced-out calls of five instances
+    behind a blackholed OpenBao, none in a heartbeat). The stuck note still leads: the gates read it."""
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    store = HangingKeystore(ring)
+    codec = request_state_security(store, audience="svc", reload_every=INTERVAL, instance="svc-cut", lease=0.3).codec
+    watcher: RingWatcher = codec.watcher  # type: ignore[attr-defined]
+    store.hang.set()
+    try:
+        _wait(lambda: watcher.stuck_since() is not None, "never reported stuck")
+        assert codec.unseal(codec.seal(b"served on the last good ring")) == b"served on the last good ring"
+        assert codec.presence.beat()  # type: ignore[attr-defined]
+        (row,) = cli("fleet", "status", "--json", keystore=ring).json()
+    finally:
+        store.released.set()
+    stuck, _, fenced = row["note"].partition("; fenced out: ")
+    assert row["status"] == "stuck" and stuck.startswith("watcher stuck since ")
+    assert fenced.startswith("served 2 call(s) on the last good ring without a keystore check"), row["note"]

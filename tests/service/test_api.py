@@ -64,7 +64,7 @@ def test_seal_then_unseal_round_trips_bytes_and_names_the_kid(env: Env) -> None:
     assert r.status_code == 200
     sealed = r.json()
     primary = FileKeystore(env.sidecar.keystore).load().primary.kid
-    assert sealed["kid"] == primary and sealed["token"].startswith("mk1.")
+    assert sealed["kid"] == primary and sealed["token"].startswith("mk2.")
     r = env.billing.post("/v1/unseal", json={"audience": "billing", "token": sealed["token"]})
     assert r.status_code == 200
     assert r.json() == {"payload": b64u(payload), "kid": primary}

@@ -3,7 +3,7 @@
 A sidecar that missed a promote (reload off, lease off) opens a token the new key sealed after one look at
 the keystore; one whose lease ran out while the ring cannot be read keeps serving on its last good ring and
 counts those calls in ``mrtr_sidecar_fenced_out_total``, gives their audit events the reason ``fenced-out``
-and says so in its heartbeat (``fleet status``).
+and says so in its heartbeat (``fleet status``) and in ``/readyz`` (still ready: serving so is by design).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def test_a_sidecar_whose_lease_ran_out_serves_fenced_out_while_the_ring_cannot_b
     try:
         codec = sidecar.codec(AUD, secret)
         assert codec.unseal(codec.seal(b"warm")) == b"warm"
+        assert "fenced_out" not in sidecar.http().get("/readyz").json()
         store.path.rename(store.path.with_name("elsewhere.json"))  # the mount is gone
         time.sleep(0.4)
         for i in range(3):
@@ -63,6 +64,9 @@ def test_a_sidecar_whose_lease_ran_out_serves_fenced_out_while_the_ring_cannot_b
         line = next(ln for ln in metrics.splitlines() if ln.startswith("mrtr_sidecar_fenced_out_total"))
         assert float(line.split()[-1]) == 6
         assert "fenced out" in sidecar.output()
+        ready = sidecar.http().get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["fenced_out"].startswith("fenced out: served 6 call(s) on the last good ring")
         # The heartbeat carries the fence's note (within its change poll), so `fleet status` shows it.
         deadline = time.monotonic() + 10
         while "sc-fenced: fenced out: served" not in (res := cli("fleet", "status", keystore=store.path)).out:

@@ -75,6 +75,8 @@ def test_dashboard_and_alerts_name_only_exported_metrics(tmp_path: Path, sidecar
         "MrtrKeysRejectionSpike",
         "MrtrKeysAuditEventsDropped",
         "MrtrKeysKeystoreUnreachable",
+        "MrtrKeysSealBudgetHalfUsed",
+        "MrtrKeysSealBudgetSpent",
     }
     for where, exprs in named.items():
         for expr in exprs:

@@ -87,7 +87,7 @@ def _normalise(route: str, body: Any, events: list[dict[str, Any]]) -> tuple[Any
     if route.startswith("/v1/seal") and isinstance(body, dict):
         for entry in body.get("results", [body]):
             if isinstance(entry, dict) and "token" in entry:
-                assert entry["token"].startswith("mk1.")
+                assert entry["token"].startswith("mk2.")
                 entry["token"] = "<sealed>"
         events = [{**e, "token": "<sealed>" if e["outcome"] == "ok" else e["token"]} for e in events]
     return body, events

@@ -177,4 +177,5 @@ def test_an_exception_without_a_reason_or_a_date_is_refused(tmp_path: Path) -> N
 
 def test_ci_runs_the_audit_after_the_tests() -> None:
     steps = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make")]
-    assert steps == ["make test", "make deps-audit"]
+    assert "make deps-audit" in steps and steps.index("make test") < steps.index("make deps-audit"), steps
+    assert (REPO / ".ci" / "run").read_text().count("set -euo pipefail") == 1  # a failing audit fails the run

@@ -12,9 +12,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 
 NAP = 0.01
 """Seconds from one hand-off to the next."""
+NOTABLE = 0.005
+"""Overruns above this many seconds are kept, with their time, for `overrun_between`."""
 
 
 class Relay:
@@ -28,8 +31,11 @@ class Relay:
     which no deadline can bound. A thread that only sleeps measures one of them: in one CI run a replay store
     refusal came 1.45 s after its deadline while such a thread overslept 0.82 s at most."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, history: int = 0) -> None:
         self.overrun = 0.0
+        self.history: deque[tuple[float, float]] = deque(maxlen=history or None)
+        """With `history`: the last that many overruns above `NOTABLE`, as (monotonic due time, seconds)."""
+        self._keep = history > 0
         self._due: queue.SimpleQueue[tuple[float, threading.Event] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._timer, self._probe)]
@@ -47,8 +53,15 @@ class Relay:
             due, woken = time.monotonic() + NAP, threading.Event()
             self._due.put((due, woken))
             woken.wait()
-            self.overrun = max(self.overrun, time.monotonic() - due)
+            late = time.monotonic() - due
+            self.overrun = max(self.overrun, late)
+            if self._keep and late > NOTABLE:
+                self.history.append((due, late))
         self._due.put(None)
+
+    def overrun_between(self, start: float, end: float) -> float:
+        """The largest overrun kept (`history`) whose due time lies in [`start`, `end`] (monotonic seconds)."""
+        return max((late for due, late in list(self.history) if start <= due <= end), default=0.0)
 
     def stop(self) -> float:
         """Stop probing; the largest overrun seen (seconds)."""

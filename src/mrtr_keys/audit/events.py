@@ -4,7 +4,8 @@ Field names are fixed (they are the ``--json`` keys of every ``mrtr-keys audit``
 column names of every store): ``time`` (UTC, ISO 8601 with microseconds and ``Z``), ``instance``
 (host:pid:start of the process that recorded it), ``client`` (sidecar client id), ``audience``,
 ``kid``, ``op``, ``outcome`` (``ok`` or ``rejected``), ``reason`` (rejection code, ``forced``, or
-``fenced-out`` on an ok seal or unseal served while fenced out, `mrtr_keys.codecs.fence`),
+``fenced-out`` on an ok seal or unseal served while fenced out, `mrtr_keys.codecs.fence`, ``over-budget``
+on an ok seal by a key past its seal budget, `mrtr_keys.fleet.usage`),
 ``fingerprint`` (see `mrtr_keys.audit.fingerprint`), ``generation`` (key ring generation) and
 ``duration_ms``. An event never holds a token, a payload, plaintext, key material or a secret.
 """

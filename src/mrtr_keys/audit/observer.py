@@ -19,6 +19,8 @@ from mrtr_keys.audit.items import new_item
 from mrtr_keys.audit.registry import shared_sink
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.codecs.fence import FENCED_OUT
+from mrtr_keys.codecs.usage import OVER_BUDGET
+from mrtr_keys.codecs.usage import over_budget as _over_budget
 
 logger = logging.getLogger("mrtr_keys.audit")
 _now = time.time
@@ -51,7 +53,8 @@ class AuditObserver:
         return f"AuditObserver(audience={self.audience!r}, store={self.sink.store.url!r})"
 
     def sealed(self, kid: str, token: str) -> None:
-        item = _new(("seal", OK, kid, token, self.reason, _now(), self.audience, self.generation, None, None))
+        reason = self.reason or (OVER_BUDGET if kid in _over_budget else None)  # past its seal budget: still sealing
+        item = _new(("seal", OK, kid, token, reason, _now(), self.audience, self.generation, None, None))
         self.sink.submit(item)
 
     def unsealed(self, kid: str, token: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError, check_keywords
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
+from mrtr_keys.ring.model import CodecSpec, Key, KeyFormat, KeyRing, KeyState
 
 _MODULES = {  # one per `mrtr_keys.ring.model.CODEC_TYPES`
     "local": "mrtr_keys.backends.local",
@@ -52,6 +52,11 @@ class Codec(Protocol):
 class Backend(Protocol):
     """The key-management side of one codec type."""
 
+    key_formats: tuple[KeyFormat, ...]
+    """The key formats its codec seals (`mrtr_keys.ring.model.KeyFormat`), the one new keys get first:
+    ``mk2`` then ``mk1`` for the codecs over the shared token core, only the recorded default for Vault
+    transit's remote mode (Vault's own format). `mrtr_keys.changes.create` and ``rotate begin`` set it."""
+
     def new_key(self, *, ring_id: str, kid: str, state: KeyState, audiences: tuple[str, ...], now: datetime) -> Key:
         """Make a key (material, or a wrapped data key, or a transit version) in `state`.
 
@@ -72,6 +77,24 @@ class Backend(Protocol):
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
         """Fields `inspect` shows for a token of this backend's format, or None if it is not one."""
         ...
+
+
+def key_format_for(backend: Backend, requested: KeyFormat | str | None) -> KeyFormat:
+    """The format of a key `backend` makes: `requested` if its codec seals it, else its first (newest) one.
+
+    Raises:
+        ConfigError: `requested` is not a format this codec seals (the message lists those it does).
+    """
+    if requested is None:
+        return backend.key_formats[0]
+    names = ", ".join(f.value for f in backend.key_formats)
+    try:
+        wanted = KeyFormat(requested)
+    except ValueError:
+        raise ConfigError(f"--key-format must be one of {names}, not {str(requested)[:40]!r}") from None
+    if wanted not in backend.key_formats:
+        raise ConfigError(f"this key ring's codec makes keys of format {names}, not {wanted.value}")
+    return wanted
 
 
 def backend_for(spec: CodecSpec | str, **options: Any) -> Backend:

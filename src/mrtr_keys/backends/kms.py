@@ -26,7 +26,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX, describe_token
+from mrtr_keys.codecs.aesgcm import MK2_PREFIX, TOKEN_PREFIX, describe_token
 from mrtr_keys.codecs.kms import KMSEnvelopeCodec
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.errors import ConfigError
@@ -34,7 +34,7 @@ from mrtr_keys.keystores import Keystore
 from mrtr_keys.providers.kms.client import ENV_KMS_KEY_ID, KMSSettings
 from mrtr_keys.providers.kms.service import KMSService
 from mrtr_keys.providers.kms.wrapped import checked_wrapped_key, encryption_context, ring_key_id
-from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
+from mrtr_keys.ring.model import CodecSpec, Key, KeyFormat, KeyRing, KeyState
 
 if TYPE_CHECKING:
     from mypy_boto3_kms import KMSClient
@@ -51,6 +51,8 @@ class KMSBackend:
         connect_timeout, read_timeout: seconds; max_attempts: total tries (see `KMSSettings`).
         kek_check_every: seconds between the codecs' checks of the KMS key (`mrtr_keys.codecs.kek`).
     """
+
+    key_formats = (KeyFormat.MK2, KeyFormat.MK1)
 
     def __init__(
         self,
@@ -148,8 +150,8 @@ class KMSBackend:
         )
 
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
-        """Same ``mk1.`` format as the local codec (`describe_token`); None for other prefixes."""
-        if not token.startswith(TOKEN_PREFIX):
+        """The same ``mk1.`` / ``mk2.`` formats as the local codec (`describe_token`); None for other prefixes."""
+        if not token.startswith((TOKEN_PREFIX, MK2_PREFIX)):
             return None
         return describe_token(ring, token)
 

@@ -6,7 +6,7 @@ import os
 from datetime import datetime
 from typing import Any
 
-from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX, describe_token
+from mrtr_keys.codecs.aesgcm import MK2_PREFIX, TOKEN_PREFIX, describe_token
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.sdk_v1 import SDK_PREFIX, describe_sdk_token
@@ -16,6 +16,8 @@ from mrtr_keys.ring.model import KEY_BYTES, CodecSpec, Key, KeyFormat, KeyRing, 
 
 class LocalBackend:
     """Key material from `os.urandom` (32 bytes), kept base64 in the ring file (mode 0600)."""
+
+    key_formats = (KeyFormat.MK2, KeyFormat.MK1)
 
     def __init__(self, spec: CodecSpec) -> None:
         self.spec = spec
@@ -35,7 +37,7 @@ class LocalBackend:
     def describe_token(self, ring: KeyRing, token: str) -> dict[str, Any] | None:
         if token.startswith(SDK_PREFIX) and any(k.format is KeyFormat.SDK_V1 for k in ring.keys):
             return describe_sdk_token(ring, token)  # only a ring adopted from MCP SDK keys opens v1. tokens
-        if not token.startswith(TOKEN_PREFIX):
+        if not token.startswith((TOKEN_PREFIX, MK2_PREFIX)):
             return None
         return describe_token(ring, token)
 

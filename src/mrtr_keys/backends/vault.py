@@ -26,8 +26,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from mrtr_keys.codecs.aesgcm import MK2_PREFIX, describe_token
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as AESGCM_PREFIX
-from mrtr_keys.codecs.aesgcm import describe_token
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.vault_remote import TOKEN_PREFIX, VERSION_BYTES
 from mrtr_keys.codecs.vault_transit import VaultTransitCodec
@@ -35,7 +35,7 @@ from mrtr_keys.errors import BackendUnavailable, ConfigError
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.providers.vault.client import VaultClient, VaultRefused, VaultSettings, latest_version
 from mrtr_keys.providers.vault.params import TransitParams, check_transit_key, datakey_context, key_version
-from mrtr_keys.ring.model import CodecSpec, Key, KeyRing, KeyState
+from mrtr_keys.ring.model import CodecSpec, Key, KeyFormat, KeyRing, KeyState
 from mrtr_keys.token import unpack
 
 
@@ -63,6 +63,8 @@ class VaultTransitBackend:
         self.params = TransitParams.from_spec(spec)
         self._client = client
         self._settings = settings
+        # datakey mode seals with the shared token core; remote mode's keys are transit versions (Vault's format)
+        self.key_formats = (KeyFormat.MK2, KeyFormat.MK1) if self.params.mode == "datakey" else (KeyFormat.MK1,)
 
     @property
     def client(self) -> VaultClient:
@@ -151,7 +153,7 @@ class VaultTransitBackend:
                 "token_chars": len(token),
                 "vault_ciphertext_bytes": len(body) - VERSION_BYTES,
             }
-        if token.startswith(AESGCM_PREFIX):
+        if token.startswith((AESGCM_PREFIX, MK2_PREFIX)):
             info = describe_token(ring, token)
             key = ring.lookup(info["kid"])
             info["transit_key"] = self.params.key

@@ -43,6 +43,10 @@ class ChangeResult:
 Transform = Callable[[KeyRing, datetime], ChangeResult]
 """Pure step: given the stored ring and the time, say what the new ring is (or that nothing changes)."""
 
+ChangeCheck = Callable[[KeyRing, KeyRing, datetime], None]
+"""Called as ``check(before, after, now)`` before a change is saved; raises to refuse it (nothing is written),
+e.g. `mrtr_keys.fleet.compat_gate.refuse_unreadable` while a live instance cannot read the new ring."""
+
 ChangeListener = Callable[[ChangeResult, KeyRing, Keystore], None]
 """Called as ``listener(result, before, keystore)`` after a change is saved (e.g.
 `mrtr_keys.audit.ring_changes.change_listener`); not called when nothing changed."""
@@ -62,13 +66,15 @@ def apply_change(
     *,
     now: datetime | None = None,
     listeners: Sequence[ChangeListener] = (),
+    check: ChangeCheck | None = None,
 ) -> ChangeResult:
     """Run `transform` on the stored ring and save the result as the next generation; then call `listeners`.
+    `check`, if given, sees the ring before and after (once the backend reacted) and may refuse the change.
 
     Raises:
         KeyRingNotFound, KeystoreError, KeyRingError: the ring cannot be loaded.
         ConflictError: another writer saved first (nothing written).
-        RotationError, NotYet, ConfigError: raised by `transform`; nothing written.
+        RotationError, NotYet, ConfigError: raised by `transform` or `check`; nothing written.
         BackendUnavailable: the backend could not react (nothing written).
     """
     now = now or utcnow()
@@ -81,6 +87,8 @@ def apply_change(
                     tracing.set_attributes(sp, op=result.op, outcome="unchanged", generation=before.generation)
                     return result
                 after = backend_for(before.codec).apply(result.op, before, result.ring)
+                if check is not None:
+                    check(before, after, now)
                 keystore.save(after, expected_generation=before.generation)
         except MrtrKeysError as exc:
             tracing.set_attributes(sp, outcome="refused", reason=type(exc).__name__)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from mrtr_keys.backends import backend_for
+from mrtr_keys.backends import backend_for, key_format_for
 from mrtr_keys.changes.apply import ChangeListener, ChangeResult, notify
 from mrtr_keys.changes.scope import check_name
 from mrtr_keys.codecs.sdk_v1 import sdk_kid
@@ -35,18 +36,20 @@ def create_ring(
     now: datetime | None = None,
     backend_options: dict[str, Any] | None = None,
     listeners: Sequence[ChangeListener] = (),
+    key_format: KeyFormat | str | None = None,
 ) -> ChangeResult:
     """Create a ring with one primary key and store it.
 
     Args:
         codec: the codec the ring is for (default local).
+        key_format: the primary's format (default: the newest its codec seals, ``mk2``; `key_format_for`).
         ttl: the requestState TTL the rotation gate assumes (seconds, > 0).
         audiences: the initial audience scope (empty: any).
         listeners: called with the ``init`` change once the ring is stored (see `mrtr_keys.changes.apply`).
 
     Raises:
         KeyRingExists: a ring is already stored there (it is left untouched).
-        ConfigError: bad TTL or audience; BackendUnavailable: the backend could not make a key.
+        ConfigError: bad TTL, audience or key format; BackendUnavailable: the backend could not make a key.
     """
     ttl = check_ttl(ttl)
     for a in audiences:
@@ -56,16 +59,24 @@ def create_ring(
     now = now or utcnow()
     spec = codec or CodecSpec()
     backend = backend_for(spec, **(backend_options or {}))
+    fmt = key_format_for(backend, key_format)
     ring_id = new_ring_id()
     kid = new_kid()
     scope = tuple(dict.fromkeys(audiences))
     key = backend.new_key(ring_id=ring_id, kid=kid, state=KeyState.PRIMARY, audiences=scope, now=now)
+    key = replace(key, format=fmt)
     ring = KeyRing(
         ring_id=ring_id, generation=1, keys=(key,), audiences=scope, ttl_seconds=float(ttl), codec=spec, created_at=now
     )
     ring = backend.apply("init", None, ring)
     keystore.create(ring)
-    result = ChangeResult("init", True, ring, f"key ring created; primary key {kid}", details={"new": kid})
+    result = ChangeResult(
+        "init",
+        True,
+        ring,
+        f"key ring created; primary key {kid} ({fmt.value})",
+        details={"new": kid, "format": fmt.value},
+    )
     notify(listeners, result, ring, keystore)
     return result
 

@@ -21,11 +21,11 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from mrtr_keys.backends import Backend, backend_for
-from mrtr_keys.changes.apply import ChangeListener, ChangeResult, apply_change
+from mrtr_keys.backends import Backend, backend_for, key_format_for
+from mrtr_keys.changes.apply import ChangeCheck, ChangeListener, ChangeResult, apply_change
 from mrtr_keys.errors import ConfigError, NotYet, RotationError
 from mrtr_keys.keystores import Keystore
-from mrtr_keys.ring.model import Key, KeyRing, KeyState, check_ttl, format_time, new_kid
+from mrtr_keys.ring.model import Key, KeyFormat, KeyRing, KeyState, check_ttl, format_time, new_kid
 
 FUTURE_SKEW_SECONDS = 60.0
 """The MCP SDK accepts tokens minted up to 60 s in the future (`_FUTURE_SKEW` in request_state.py)."""
@@ -93,8 +93,16 @@ def retire_ready_at(ring: KeyRing) -> datetime:
     return promoted + timedelta(seconds=ring.ttl_seconds + FUTURE_SKEW_SECONDS)
 
 
-def begin(ring: KeyRing, now: datetime, backend: Backend, *, ttl: float | None = None) -> ChangeResult:
-    """Phase 1: add NEW as ``verify``; OLD keeps sealing. `ttl` (seconds) updates the stored TTL."""
+def begin(
+    ring: KeyRing,
+    now: datetime,
+    backend: Backend,
+    *,
+    ttl: float | None = None,
+    key_format: KeyFormat | str | None = None,
+) -> ChangeResult:
+    """Phase 1: add NEW as ``verify``; OLD keeps sealing. `ttl` (seconds) updates the stored TTL; NEW has
+    `key_format`, by default the newest format the ring's codec seals (``mk2``; `key_format_for`)."""
     st = status(ring, now)
     if st.phase is Phase.BEGUN:
         assert st.new is not None
@@ -122,16 +130,17 @@ def begin(ring: KeyRing, now: datetime, backend: Backend, *, ttl: float | None =
     if ttl is not None:
         changes["ttl_seconds"] = check_ttl(ttl)
         changes["ttl_lowering"] = None  # an explicit TTL at begin replaces a pending lowering
+    fmt = key_format_for(backend, key_format)
     kid = new_kid(k.kid for k in ring.keys)
     key = backend.new_key(ring_id=ring.ring_id, kid=kid, state=KeyState.VERIFY, audiences=ring.audiences, now=now)
-    after = ring.next_generation(keys=(*ring.keys, key), **changes)
+    after = ring.next_generation(keys=(*ring.keys, replace(key, format=fmt)), **changes)
     return ChangeResult(
         "begin",
         True,
         after,
-        f"phase 1: {kid} added as verify; {ring.primary.kid} still seals. "
+        f"phase 1: {kid} ({fmt.value}) added as verify; {ring.primary.kid} still seals. "
         "Roll this out to every instance, then run: mrtr-keys rotate promote",
-        details={"new": kid, "old": ring.primary.kid},
+        details={"new": kid, "old": ring.primary.kid, "format": fmt.value},
     )
 
 
@@ -229,14 +238,20 @@ def _last_retired(ring: KeyRing) -> Key | None:
 
 
 def transition(
-    step: str, ring: KeyRing, now: datetime, *, force: bool = False, ttl: float | None = None
+    step: str,
+    ring: KeyRing,
+    now: datetime,
+    *,
+    force: bool = False,
+    ttl: float | None = None,
+    key_format: KeyFormat | str | None = None,
 ) -> ChangeResult:
     """Run `step` (``begin``, ``promote``, ``retire`` or ``next``) on `ring` at `now`; pure but for
-    `begin`, which asks the ring's backend for a new key."""
+    `begin`, which asks the ring's backend for a new key (of `key_format`, see `begin`)."""
     if step == "next":
         step = status(ring, now).next_step
     if step == "begin":
-        return begin(ring, now, backend_for(ring.codec), ttl=ttl)
+        return begin(ring, now, backend_for(ring.codec), ttl=ttl, key_format=key_format)
     if step == "promote":
         return promote(ring, now)
     if step == "retire":
@@ -253,6 +268,8 @@ def run_step(
     ttl: float | None = None,
     gate: Callable[[str, KeyRing, datetime], str | None] | None = None,
     listeners: Sequence[ChangeListener] = (),
+    check: ChangeCheck | None = None,
+    key_format: KeyFormat | str | None = None,
 ) -> ChangeResult:
     """Apply a rotation step to the stored ring (see `transition`, `apply_change`).
 
@@ -262,7 +279,9 @@ def run_step(
     `gate(step, ring, now)`, if given, runs first with ``next`` resolved to the step it means
     (the audit log's gates, `mrtr_keys.fleet.gates`); it raises `NotYet` to refuse, or returns a
     note when it let the step pass only because of an override (a narrowed window). `force`
-    overrides a refusal. Either way the result is then marked forced.
+    overrides a refusal. Either way the result is then marked forced. `check` is `apply_change`'s (e.g.
+    `mrtr_keys.fleet.compat_gate.readers_check_for`: no ``begin`` of an ``mk2`` key while a live instance
+    cannot read it); `key_format` is `begin`'s.
     """
 
     def transform(ring: KeyRing, at: datetime) -> ChangeResult:
@@ -274,9 +293,9 @@ def run_step(
                 if not force:
                     raise
                 overridden = str(exc)
-        result = transition(step, ring, at, force=force, ttl=ttl)
+        result = transition(step, ring, at, force=force, ttl=ttl, key_format=key_format)
         if overridden is not None and result.changed:
             result = replace(result, forced=True, message=f"{result.message} (forced past a gate: {overridden})")
         return result
 
-    return apply_change(keystore, step, transform, now=now, listeners=listeners)
+    return apply_change(keystore, step, transform, now=now, listeners=listeners, check=check)

@@ -1,11 +1,14 @@
 """Running a rotation step that waits for its gates: ``mrtr-keys rotate promote|retire|next --wait SECONDS``.
 
 The step is tried; while it is refused as "not yet" (`NotYet`: a gate or the TTL; `KeystoreBusy`:
-another run holds the lock) or loses a compare-and-swap race (`ConflictError`), it is tried again
-every `poll` seconds (sooner when the refusal says it opens sooner) until it is done or `wait`
-seconds have passed; then the last refusal is raised (exit 75). ``next`` is resolved once, at the
-first try, to the step it means, so one wait never runs two steps: a deploy pipeline is three
-lines of ``mrtr-keys rotate next --wait 900``. Clocks are injected, so tests never sleep.
+another run holds the lock), loses a compare-and-swap race (`ConflictError`), or finds the keystore
+or the audit store out of reach (`KeystoreUnavailable`, `AuditUnavailable`: "retry later", exit 75), it
+is tried again every `poll` seconds (sooner when the refusal says it opens sooner) until it is done or
+`wait` seconds have passed; then the last refusal is raised (exit 75). Trying again after an outage is
+safe even when a write's answer was lost: a step already made is reported done and writes nothing
+(docs/rotation.md, exit codes). ``next`` is resolved once, at the first try that reads the ring, to the
+step it means, so one wait never runs two steps: a deploy pipeline is three lines of ``mrtr-keys rotate
+next --wait 900``. Clocks are injected, so tests never sleep.
 """
 
 from __future__ import annotations
@@ -16,13 +19,24 @@ from typing import Any
 
 from mrtr_keys.changes.apply import ChangeResult
 from mrtr_keys.changes.rotation import run_step, status
-from mrtr_keys.errors import ConfigError, ConflictError, KeystoreBusy, MrtrKeysError, NotYet
+from mrtr_keys.errors import (
+    AuditUnavailable,
+    ConfigError,
+    ConflictError,
+    KeystoreBusy,
+    KeystoreUnavailable,
+    MrtrKeysError,
+    NotYet,
+)
 from mrtr_keys.keystores import Keystore
 from mrtr_keys.ring.model import utcnow
 
 MAX_WAIT = 7 * 86400.0
 DEFAULT_POLL = 1.0
 """Seconds between tries while waiting."""
+
+RETRIED = (NotYet, KeystoreBusy, ConflictError, KeystoreUnavailable, AuditUnavailable)
+"""What a wait tries again: every refusal that means "not now"."""
 
 OnWait = Callable[[str, MrtrKeysError, float], None]
 """``on_wait(step, refusal, seconds_left)``: called after each refused try (progress display)."""
@@ -43,18 +57,21 @@ def run_step_waiting(
 
     Raises:
         ConfigError: `wait` not a number from 0 to a week.
-        NotYet, KeystoreBusy, ConflictError: still refused when the wait ran out.
+        NotYet, KeystoreBusy, ConflictError, KeystoreUnavailable, AuditUnavailable: still so when the wait
+            ran out.
         Everything else `run_step` raises, at once.
     """
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:
         raise ConfigError(f"--wait must be a number of seconds from 0 to {MAX_WAIT:g}")
     deadline = clock() + wait
-    if step == "next":
-        step = status(keystore.load(), utcnow()).next_step
+    resolve = step == "next"
     while True:
         try:
+            if resolve:
+                step = status(keystore.load(), utcnow()).next_step
+                resolve = False
             return run_step(keystore, step, **options)
-        except (NotYet, KeystoreBusy, ConflictError) as exc:
+        except RETRIED as exc:
             left = deadline - clock()
             if left <= 0:
                 raise

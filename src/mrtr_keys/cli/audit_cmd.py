@@ -180,7 +180,8 @@ def query(
     ] = None,
     outcome: Annotated[str | None, typer.Option("--outcome", help="ok or rejected.")] = None,
     reason: Annotated[
-        str | None, typer.Option("--reason", help="Rejection reason (expired, seal, ...), forced or fenced-out.")
+        str | None,
+        typer.Option("--reason", help="Rejection reason (expired, seal, ...), forced, fenced-out or over-budget."),
     ] = None,
     client: Annotated[str | None, typer.Option("--client", help="Only this sidecar client.")] = None,
     instance: Annotated[str | None, typer.Option("--instance", help="Only this instance (host:pid:start).")] = None,

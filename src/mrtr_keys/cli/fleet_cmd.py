@@ -4,10 +4,13 @@ One row an instance (name, codec, generation, primary kid, last heartbeat, live 
 stopped: stuck is a live instance whose ring watcher has completed no check in 3 intervals), in 80
 columns; ``--json`` gives every field (`mrtr_keys.fleet.presence.InstanceRecord` plus ``status``,
 ``current`` (live and not stuck), ``age_seconds``, ``applied`` (it has loaded the stored ring's generation and
-its watcher is not stuck) and ``primary_format``: ``mk1``, or ``sdk-v1`` for the MCP SDK's own
-key). Instances of other rings in the same store, and rows whose last
-heartbeat is older than ``--since`` (default 1h), are left out. When the ring holds a revoked key, a line
-says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names the others.
+its watcher is not stuck), ``primary_format``: ``mk2``, ``mk1``, or ``sdk-v1`` for the MCP SDK's own key, and
+``primary_seals``, ``primary_budget``, ``primary_used``: the primary's fleet-wide seals, never below the truth,
+against its seal budget). Instances of other rings in the same store, and rows whose last heartbeat is older than
+``--since`` (default 1h), are left out. Below the rows, one line gives each usable key's use of its seal budget, and
+a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
+a revoked key, a line says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names
+the others.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def status(
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import error, print_json, print_line
     from mrtr_keys.fleet.presence import read_instances
+    from mrtr_keys.fleet.usage import read_usage
 
     store = keystore(keystore_)
     ring, unreachable = None, None
@@ -78,9 +82,10 @@ def status(
             if (ring is None or r.ring_id == ring.ring_id) and parse_event_time(r.beat).timestamp() >= horizon
         ]
         revocation = _revocation(audit, ring) if ring is not None else None
+        usage = read_usage(audit, ring) if ring is not None else None
     finally:
         audit.close()
-    formats = {k.kid: k.format.value for k in ring.keys} if ring else {}  # mk1, or sdk-v1: the SDK's own key
+    formats = {k.kid: k.format.value for k in ring.keys} if ring else {}  # mk2, mk1, or sdk-v1: the SDK's own key
     if json_:
         target = ring.generation if ring else None
         print_json(
@@ -88,6 +93,7 @@ def status(
                 {
                     **r.to_json(now),
                     "applied": target is not None and (r.generation or 0) >= target and not r.watcher_stuck,
+                    **_primary_use(ring, usage, r.primary_kid),
                     "primary_format": formats.get(r.primary_kid or ""),
                 }
                 for r in rows
@@ -122,6 +128,9 @@ def status(
         print_line(_row(cells, widths))
         if r.note and r.status(now) != "stopped":
             notes.append(_wrap(f"{r.name}: {r.note}", "  "))
+    if ring is not None and usage is not None:
+        for line in _use_lines(ring, usage):
+            print_line(line)
     for note in notes:
         print_line(note)
     for kid in sorted({r.primary_kid for r in rows if r.primary_kid and formats.get(r.primary_kid) == "sdk-v1"}):
@@ -144,6 +153,31 @@ def _revocation(audit: Any, ring: Any) -> str | None:
     target = found[0].event.generation if found and found[0].event.generation else ring.generation
     state = applied(audit, ring, target)
     return f"revoked {key.kid} at {format_time(key.revoked_at)}: {state.describe(time.time())}"
+
+
+def _primary_use(ring: Any, usage: Any, kid: str | None) -> dict[str, Any]:
+    """``primary_seals``, ``primary_budget`` and ``primary_used`` of an instance's primary (None when unknown)."""
+    if ring is None or usage is None or not kid or ring.lookup(kid) is None:
+        return {"primary_seals": None, "primary_budget": None, "primary_used": None}
+    use = usage.of(ring, kid)
+    return {"primary_seals": use["seals"], "primary_budget": use["budget"], "primary_used": use["used"]}
+
+
+def _use_lines(ring: Any, usage: Any) -> list[str]:
+    """One line with each usable key's use of its seal budget, then the warning of each key at 50 % or past."""
+    from mrtr_keys.cli.keys_cmd import used_text
+    from mrtr_keys.fleet.usage import budget_note
+    from mrtr_keys.ring.budgets import WARN_AT
+
+    if usage.totals is None:
+        return [_wrap(usage.note, "")] if usage.note else []
+    parts, warnings = [], []
+    for key in ring.usable_keys():
+        use = usage.of(ring, key.kid)
+        parts.append(f"{key.kid} ({key.state.value}) {used_text(use['used'])} of {use['budget']:,}")
+        if use["used"] is not None and use["used"] >= WARN_AT:
+            warnings.append(_wrap(budget_note(key.kid, use["seals"], use["budget"]), "  "))
+    return [_wrap("seal budgets used, fleet-wide: " + "; ".join(parts), ""), *warnings]
 
 
 def _wrap(text: str, indent: str) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, change_listeners, keystore
+from mrtr_keys.cli.options import JsonOpt, KeyFormatOpt, KeystoreOpt, change_listeners, keystore
 from mrtr_keys.errors import ConfigError
 
 
@@ -35,6 +35,7 @@ def init(
         str | None,
         typer.Option("--encoding", help="hex or base64: the key file holds one key a line in it (default: raw)."),
     ] = None,
+    key_format: KeyFormatOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Create a new key ring with one primary key; refuses if one exists there."""
@@ -50,6 +51,8 @@ def init(
             f"--from-sdk-key-file starts a local key ring only; a {codec} ring's keys are made and wrapped by "
             "its service (start a local ring from the SDK key, then move codecs after its rotation)"
         )
+    if key_format is not None and from_sdk_key_file is not None:
+        raise ConfigError("--key-format is for a new key; --from-sdk-key-file keeps the SDK's own (sdk-v1)")
 
     params: dict[str, object] = {}
     if kms_key_id is not None:
@@ -68,7 +71,12 @@ def init(
         )
     else:
         result = create_ring(
-            store, codec=CodecSpec(codec, params), ttl=ttl, audiences=audience or (), listeners=change_listeners()
+            store,
+            codec=CodecSpec(codec, params),
+            ttl=ttl,
+            audiences=audience or (),
+            listeners=change_listeners(),
+            key_format=key_format,
         )
     ring = result.ring
     if json_:
@@ -88,6 +96,8 @@ def init(
     else:
         print_line(f"created key ring {ring.ring_id} at {store.url}")
         print_line(f"primary key: {ring.primary.kid}" + _format_note(ring.primary.format.value))
+        if ring.primary.format.value == "mk2":
+            print_line("mrtr-keys 0.2.0 or later reads this ring (key format mk2; docs/rotation.md, 'Upgrading')")
         for k in ring.keys[1:]:
             print_line(f"{k.state.value} key: {k.kid}" + _format_note(k.format.value))
 

@@ -30,6 +30,15 @@ StateDirOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for machines instead of a table.")]
+KeyFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key-format",
+        help="Format of the new key: mk2 (AES-256-GCM-SIV, 2^48 seals a key) or mk1 (AES-256-GCM, 2^32; read by "
+        "releases before 0.2.0) [default: mk2 where the codec seals it; docs/token-format.md].",
+        show_default=False,
+    ),
+]
 
 
 def keystore(location: str | None):  # type: ignore[no-untyped-def]

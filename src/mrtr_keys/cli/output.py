@@ -43,7 +43,12 @@ def print_change(result: Any, json_: bool, *, with_forced: bool = False) -> None
 
 
 def print_table(
-    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, compact: bool = False
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    compact: bool = False,
+    tight: bool = False,
 ) -> None:
     """A rich table on stdout (plain text when stdout is not a terminal).
 
@@ -51,7 +56,8 @@ def print_table(
     ``host:100:...`` stays as written, and a ``[/x]`` in a stored value cannot break the table).
 
     `compact`: no vertical rules and one space of padding, for tables whose columns were chosen to
-    fit an 80-column terminal (the ``--wide`` variants print every column with rules).
+    fit an 80-column terminal (the ``--wide`` variants print every column with rules); `tight`: two spaces
+    between columns instead of three.
     """
     from rich import box
     from rich.console import Console
@@ -60,7 +66,13 @@ def print_table(
 
     if compact:
         table = Table(
-            title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), title_justify="left"
+            title=title,
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            padding=(0, 1),
+            collapse_padding=tight,
+            title_justify="left",
         )
     else:
         table = Table(title=title, show_lines=False)

@@ -7,11 +7,11 @@ countdown); exit 0 when the step is done, 75 only when the wait runs out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, keystore
+from mrtr_keys.cli.options import JsonOpt, KeyFormatOpt, KeystoreOpt, keystore
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.ring.document import parse_ring
 
@@ -50,19 +50,25 @@ WaitOpt = Annotated[
 
 @app.command("status")
 def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
-    """Say the phase in one sentence, the keys involved, the next step and everything it waits for."""
+    """Say the phase in one sentence, the keys involved, the next step and everything it waits for, and how much
+    of its seal budget the primary has used fleet-wide."""
     from mrtr_keys.audit.stores.url import existing_store
     from mrtr_keys.changes.rotation import status as rotation_status
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import print_fields, print_json, print_line
     from mrtr_keys.fleet.gates import describe, evaluate
+    from mrtr_keys.fleet.usage import budget_note, read_usage
+    from mrtr_keys.ring.budgets import WARN_AT
     from mrtr_keys.ring.model import utcnow
 
     store = keystore(keystore_)
     ring = store.load()
     now = utcnow()
     st = rotation_status(ring, now).to_json()
-    report = evaluate(existing_store(store, audit=root_audit()), ring, now)
+    audit = existing_store(store, audit=root_audit())
+    report = evaluate(audit, ring, now)
+    usage = read_usage(audit, ring)
+    use = usage.of(ring, ring.primary.kid)
     st.update(
         {
             "generation": ring.generation,
@@ -73,8 +79,13 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
             "target_generation": report.target,
             "instances_live": len(report.live),
             "instances_ready": report.ready,
+            "primary_seals": use["seals"],
+            "primary_budget": use["budget"],
+            "primary_used": use["used"],
         }
     )
+    if usage.note:
+        st["seal_counts_note"] = usage.note
     if json_:
         print_json(st)
         return
@@ -82,6 +93,10 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     print_fields(f"rotation of {ring.ring_id}", {k: v for k, v in st.items() if k not in ("sentence", "waits")})
     for w in report.waits:
         print_line(f"waiting for {w.what}: {w.detail}")
+    for key in ring.usable_keys():
+        k_use = usage.of(ring, key.kid)
+        if k_use["used"] is not None and k_use["used"] >= WARN_AT:
+            print_line(budget_note(key.kid, k_use["seals"], k_use["budget"]))
 
 
 def _step(
@@ -94,41 +109,78 @@ def _step(
     window: float | None = None,
     wait: str | None = None,
     if_older_than: str | None = None,
+    if_used_over: str | None = None,
+    key_format: str | None = None,
 ) -> None:
     from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.changes.rotation import run_step
     from mrtr_keys.cli.options import change_listeners, root_audit
+    from mrtr_keys.fleet.compat_gate import readers_check_for
     from mrtr_keys.fleet.gates import rotation_gate_for
 
     seconds = None if wait is None else parse_duration(wait, "--wait")
     store = keystore(keystore_)
-    if if_older_than is not None:
-        from mrtr_keys.changes.lifecycle import younger_than
-        from mrtr_keys.ring.model import utcnow
-
-        skip = younger_than(store.load(), utcnow(), parse_duration(if_older_than, "--if-older-than"))
+    if if_older_than is not None or if_used_over is not None:
+        skip = _not_due(store, if_older_than, if_used_over)
         if skip is not None:
             _print(skip, json_)
             return
     gate = rotation_gate_for(store, audit=root_audit(), window=window)  # the audit store's gates; None without one
+    check = readers_check_for(
+        store, audit=root_audit(), what=f"rotate {step}", instead="make an mk1 key: --key-format mk1"
+    )
+    options: dict[str, Any] = {
+        "force": force,
+        "ttl": ttl,
+        "gate": gate,
+        "listeners": change_listeners(),
+        "check": check,
+        "key_format": key_format,
+    }
     if seconds is None:
-        result = run_step(store, step, force=force, ttl=ttl, gate=gate, listeners=change_listeners())
+        result = run_step(store, step, **options)
     else:
         from mrtr_keys.changes.wait import run_step_waiting
         from mrtr_keys.cli.progress import WaitProgress
 
         with WaitProgress(store, window=window) as progress:
-            result = run_step_waiting(
-                store,
-                step,
-                wait=seconds,
-                on_wait=progress.update,
-                force=force,
-                ttl=ttl,
-                gate=gate,
-                listeners=change_listeners(),
-            )
+            result = run_step_waiting(store, step, wait=seconds, on_wait=progress.update, **options)
     _print(result, json_)
+
+
+def _not_due(store: Any, if_older_than: str | None, if_used_over: str | None) -> ChangeResult | None:
+    """`mrtr_keys.changes.budget.not_due` for ``rotate next --if-older-than`` / ``--if-used-over``, with the
+    primary's fleet-wide seal count from the presence store.
+
+    Raises:
+        ConfigError: ``--if-used-over`` alone and no presence store to count seals in (the CronJob would never
+            rotate by use: say so, exit 2); with ``--if-older-than`` too, the age alone decides and one line says so.
+    """
+    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.changes.budget import not_due, parse_fraction
+    from mrtr_keys.changes.lifecycle import parse_duration
+    from mrtr_keys.cli.options import root_audit
+    from mrtr_keys.cli.output import error
+    from mrtr_keys.fleet.usage import read_usage
+    from mrtr_keys.ring.model import utcnow
+
+    older = None if if_older_than is None else parse_duration(if_older_than, "--if-older-than")
+    fraction = None if if_used_over is None else parse_fraction(if_used_over)
+    ring = store.load()
+    seals = None
+    if fraction is not None:
+        audit = existing_store(store, audit=root_audit())
+        try:
+            usage = read_usage(audit, ring)
+        finally:
+            if audit is not None:
+                audit.close()
+        seals = usage.of(ring, ring.primary.kid)["seals"]
+        if seals is None:
+            if older is None:
+                raise ConfigError(f"--if-used-over needs fleet-wide seal counts; {usage.note}")
+            error(f"--if-used-over is not applied, only --if-older-than: {usage.note}")
+    return not_due(ring, utcnow(), older_than=older, used_over=fraction, seals=seals)
 
 
 def _print(result: ChangeResult, json_: bool) -> None:
@@ -138,9 +190,12 @@ def _print(result: ChangeResult, json_: bool) -> None:
 
 
 @app.command("begin")
-def begin(keystore_: KeystoreOpt = None, ttl: TtlOpt = None, json_: JsonOpt = False) -> None:
-    """Phase 1: add a new key that verifies; the old one still seals."""
-    _step("begin", keystore_, json_, ttl=ttl)
+def begin(
+    keystore_: KeystoreOpt = None, ttl: TtlOpt = None, key_format: KeyFormatOpt = None, json_: JsonOpt = False
+) -> None:
+    """Phase 1: add a new key that verifies; the old one still seals. A new key of a format some live instance
+    cannot read (mk2 before 0.2.0) is refused with exit 75, naming them."""
+    _step("begin", keystore_, json_, ttl=ttl, key_format=key_format)
 
 
 @app.command("promote")
@@ -183,10 +238,31 @@ def next_(
             "while it is younger, do nothing and exit 0.",
         ),
     ] = None,
+    if_used_over: Annotated[
+        str | None,
+        typer.Option(
+            "--if-used-over",
+            metavar="FRACTION",
+            help="Rotation by use: start one only if the primary has sealed more than this fraction of its seal "
+            "budget fleet-wide (0.5 or 50%); with --if-older-than either one starts it. Otherwise do nothing, exit 0.",
+        ),
+    ] = None,
+    key_format: KeyFormatOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run the next phase if allowed now (with --wait: once allowed); else exit 75 saying what it waits for."""
-    _step("next", keystore_, json_, force=force, ttl=ttl, window=window, wait=wait, if_older_than=if_older_than)
+    _step(
+        "next",
+        keystore_,
+        json_,
+        force=force,
+        ttl=ttl,
+        window=window,
+        wait=wait,
+        if_older_than=if_older_than,
+        if_used_over=if_used_over,
+        key_format=key_format,
+    )
 
 
 @app.command("abort")

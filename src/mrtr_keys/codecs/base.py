@@ -172,8 +172,8 @@ class KeyRingCodec:
         (``seal = codec.seal``) seals with the new primary after a reload too.
 
         With a `fence` whose lease ran out, it first checks the keystore (and switches generation if
-        there is a newer one), bounded by the keystore's deadline: the one time a local codec does I/O
-        in the caller's thread, after a pause or while the keystore is unreachable."""
+        there is a newer one), waiting for that check at most `Fence.wait` (1 s): the one time a local
+        codec waits on I/O in the caller's thread, after a pause or while the keystore is unreachable."""
         if lease_clock() >= self._until:  # the lease ran out (or was last seen to): one comparison
             self._ask_fence()
         return self._seal(payload)

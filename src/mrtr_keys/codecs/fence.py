@@ -12,19 +12,23 @@ default the gates' staleness window (`default_lease`: 3 heartbeat intervals, one
 The clock is monotonic and keeps counting while the process is paused, so a pause uses the lease up.
 
 * `ensure` (before every seal and unseal): while the lease holds, nothing (one clock read). Once it has
-  run out, one synchronous keystore check (the watcher's own `check`, bounded by the keystore's
-  deadlines; one at a time, the others wait for its answer), which switches generation if the keystore
-  holds a newer ring; only then does the call proceed. If the keystore cannot be reached the call is
-  served on the last good ring as before (availability during an outage stays), the fence records that
+  run out, one keystore check (the watcher's own `check`, in a helper thread: one at a time, the others
+  wait for its answer), which switches generation if the keystore holds a newer ring; the call proceeds
+  once it has answered, or after `wait` seconds (1 by default) if it has not: a keystore client's own
+  deadlines are for a CLI run (Vault: 10 s a request and two retries), and the call may be on an MCP
+  server's event loop. A check still running then goes on in the background; its success renews the
+  lease. If the keystore cannot be reached in time the call is served on the last good ring as before
+  (availability during an outage stays), the fence records that
   it served **fenced out** (`fenced_out` calls and `on_served` per call, for a metric; `on_fenced` when it
   starts and stops, which the audit observer turns into the reason `FENCED_OUT` on the ok events of
   those calls; `note()` for presence, which ``fleet status`` shows; a WARNING once per outage) and
   does not block another call on the keystore until `lease` seconds later (the background watcher keeps
   trying meanwhile, and its first success renews the lease).
 * `look_again` (an unseal that met a kid the loaded ring does not know): one keystore check, at most one
-  in flight and at most one every `look_gap` seconds (1 by default), then the caller retries once if
-  the ring changed: the JWKS pattern. An instance that missed a promote opens the new key's tokens after
-  one look; a flood of forged kids costs at most one keystore check a second.
+  in flight and at most one every `look_gap` seconds (1 by default), waited for `wait` seconds at most,
+  then the caller retries once if the ring changed: the JWKS pattern. An instance that missed a promote
+  opens the new key's tokens after one look; a flood of forged kids costs at most one keystore check a
+  second.
 
 A lease of 0 turns the fence off (`ensure` does nothing; `look_again` still works).
 
@@ -44,7 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.errors import BackendUnavailable, ConfigError
-from mrtr_keys.keystores.watch import lease_clock
+from mrtr_keys.keystores.watch import WatchedGone, lease_clock
 
 if TYPE_CHECKING:
     from mrtr_keys.keystores.watch import RingWatcher
@@ -56,6 +60,9 @@ LIVE_INTERVALS = 3
 cannot be imported from this layer; tests/codecs/test_fence.py checks that the two agree)."""
 DEFAULT_LOOK_GAP = 1.0
 """Seconds between two unknown-kid keystore checks of one instance."""
+DEFAULT_WAIT = 1.0
+"""Seconds a call waits for the fence's keystore check before it is served (fenced out) or refused without it:
+the replay store's deadline (docs/single-use.md), well under the sidecar clients' 2 s."""
 FENCED_OUT = "fenced-out"
 """The audit reason of a seal or unseal served on the last good ring while fenced out (an ok event)."""
 UNKNOWN_KID = "unknown kid"
@@ -93,6 +100,7 @@ class Fence:
         watcher: the instance's `RingWatcher` (started or not: with reload off, `check()` still works).
         lease: seconds a successful keystore check lets the instance serve without another (0 = off).
         look_gap: minimum seconds between two `look_again` checks.
+        wait: seconds a call waits for a keystore check (`ensure`, `look_again`) before going on without it.
         on_fenced: optional callable told the reason when the instance starts serving fenced out,
             and None when a check succeeds again.
         on_served: optional callable called once per call served fenced out (a metric's ``inc``).
@@ -115,6 +123,7 @@ class Fence:
         *,
         lease: float,
         look_gap: float = DEFAULT_LOOK_GAP,
+        wait: float = DEFAULT_WAIT,
         on_fenced: Callable[[str | None], Any] | None = None,
         loaded_at: float | None = None,
         on_served: Callable[[], Any] | None = None,
@@ -126,6 +135,7 @@ class Fence:
         self.fenced_since: float | None = None
         """`lease_clock` time at which the instance started serving fenced out (None: it does not)."""
         self.look_gap = look_gap
+        self.wait = wait
         self.on_fenced = on_fenced
         self.on_served = on_served
         self.clock = lease_clock
@@ -141,6 +151,10 @@ class Fence:
         self._last_look = -math.inf
         self._ensure_lock = threading.Lock()
         self._look_lock = threading.Lock()
+        self._check_lock = threading.Lock()
+        self._checked: threading.Event | None = None
+        """Set when the check in flight (`_check`) ends; None when none was started."""
+        self._gone: WatchedGone | None = None
         self._refresh()
 
     def __repr__(self) -> str:
@@ -164,10 +178,10 @@ class Fence:
     def ensure(self) -> None:
         """Before serving: if the lease ran out, check the keystore now (see the module docstring).
 
-        Blocks for at most one keystore check (its deadline), plus the wait for one already in progress.
-        Raises `WatchedGone` if the watched codec is gone, and `FencedOutTooLong` once the instance has served
-        fenced out for `max_fenced_out` seconds; a keystore failure otherwise never raises (the call is then
-        served fenced out).
+        Blocks for at most `wait` seconds (the keystore check, or the one already in flight), plus the time
+        another caller holds the fence for the same. Raises `WatchedGone` if the watched codec is gone, and
+        `FencedOutTooLong` once the instance has served fenced out for `max_fenced_out` seconds; a keystore
+        failure otherwise never raises (the call is then served fenced out).
         """
         if not self.expired():
             if self.error is not None:  # the background watcher renewed the lease
@@ -179,12 +193,13 @@ class Fence:
                 return
             if self.error is None or self.clock() >= self._retry_at:
                 self.sync_checks += 1
-                self.watcher.check()
+                answered = self._check()
                 if not self.expired():
                     self._renewed()
                     return
                 self._retry_at = self.clock() + self.lease
-                self._fenced(self.watcher.error or "the keystore check did not succeed")
+                late = f"the keystore check did not answer within {self.wait:g} s"
+                self._fenced((self.watcher.error or "the keystore check did not succeed") if answered else late)
             since = self.fenced_since
             if self.max_fenced_out is not None and since is not None and self.clock() - since >= self.max_fenced_out:
                 raise FencedOutTooLong(
@@ -213,11 +228,35 @@ class Fence:
                 return False
             self._last_look = now
             self.looks += 1
-            self.watcher.check()
-            if self.watcher.error is None:
+            if self._check() and self.watcher.error is None and not self.expired():
                 self._renewed()
             self._refresh()
             return current() != seen
+
+    def _check(self) -> bool:
+        """The watcher's `check` in a helper thread (the one in flight, if any), waited for `wait` seconds;
+        True if it ended by then. Raises `WatchedGone` if the check found the watched codec gone."""
+        with self._check_lock:
+            done = self._checked
+            if done is None or done.is_set():
+                done = self._checked = threading.Event()
+                threading.Thread(
+                    target=self._run_check, args=(done,), name="mrtr-keys-fence-check", daemon=True
+                ).start()
+        answered = done.wait(self.wait)
+        if answered and self._gone is not None:
+            raise self._gone
+        return answered
+
+    def _run_check(self, done: threading.Event) -> None:
+        try:
+            self.watcher.check()
+        except WatchedGone as exc:
+            self._gone = exc
+        except Exception:  # the watcher's check never raises otherwise; a helper thread must not die loudly
+            log.exception("fence keystore check")
+        finally:
+            done.set()
 
     def may_look(self) -> bool:
         """False while `look_again` would be refused by its rate limit (a cheap test before a thread hop)."""

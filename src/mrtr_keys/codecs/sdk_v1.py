@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from mrtr_keys.codecs.aesgcm import (
     MAX_PAYLOAD_BYTES,
+    MK2_PREFIX,
     NONCE_BYTES,
     RETIRED_KID,
     REVOKED_KID,
@@ -37,6 +38,7 @@ from mrtr_keys.codecs.aesgcm import (
 )
 from mrtr_keys.codecs.aesgcm import TOKEN_PREFIX as MK1_PREFIX
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.usage import RingUsage, usage_for
 from mrtr_keys.errors import KeyRingError, MrtrKeysError
 from mrtr_keys.ring.model import KeyFormat, KeyRing
 from mrtr_keys.token import KID_BYTES, MalformedToken, b64u_decode, unpack
@@ -84,12 +86,24 @@ class SDKTokenCore:
         audience: the ``aud`` claim every envelope sealed or opened here must carry.
         known: every kid of the ring (to say ``retired kid`` or ``other format`` instead of ``unknown kid``).
         retired: the ring's retired kids. revoked: its revoked kids.
+        usage: the ring's counts in this process, as `AESGCMTokenCore`'s.
 
     Raises:
         KeyRingError: a kid is not the one the SDK derives from its secret (an edited ring).
     """
 
-    __slots__ = ("_audience", "_codec", "_kids", "_known", "_observer", "_primary", "_retired", "_revoked")
+    __slots__ = (
+        "_audience",
+        "_codec",
+        "_kids",
+        "_known",
+        "_observer",
+        "_primary",
+        "_retired",
+        "_revoked",
+        "_sealing",
+        "_usage",
+    )
 
     def __init__(
         self,
@@ -101,6 +115,7 @@ class SDKTokenCore:
         retired: frozenset[str] = frozenset(),
         observer: CodecObserver | None = None,
         revoked: frozenset[str] = frozenset(),
+        usage: RingUsage | None = None,
     ) -> None:
         order = sorted(secrets, key=lambda kid: kid != primary_kid)  # the SDK seals with keys[0]
         for kid in order:
@@ -113,6 +128,8 @@ class SDKTokenCore:
         self._audience = audience
         self._known, self._retired, self._revoked = known, retired, revoked
         self._observer = observer
+        self._usage = usage if usage is not None else RingUsage("")
+        self._sealing = self._usage.kid(primary_kid) if primary_kid is not None else None
 
     def __repr__(self) -> str:
         return f"SDKTokenCore(audience={self._audience!r}, kids=[{', '.join(sorted(self._kids))}])"
@@ -133,6 +150,9 @@ class SDKTokenCore:
                 "an SDK-format key seals only MCP SDK envelopes whose aud claim is this codec's audience"
             )
         token = self._codec.seal(payload)
+        tally = self._sealing
+        if tally is not None and tally.seal() >= tally.mark:
+            tally.wake()
         if self._observer is not None:
             self._observer.sealed(self._primary, token)
         return token
@@ -155,6 +175,7 @@ class SDKTokenCore:
             self._rejected(kid, token, "seal" if str(exc) == "seal" else "malformed")
         if _audience_of(payload) != self._audience:
             self._rejected(kid, token, "audience")
+        self._usage.kid(kid).unseal()
         if self._observer is not None:
             self._observer.unsealed(kid, token)
         return payload
@@ -176,11 +197,17 @@ class SDKTokenCore:
         self._rejected(kid, token, "other format" if kid in self._known else "unknown kid")
 
     def _rejected(self, kid: str | None, token: object, reason: str) -> NoReturn:
+        usage = self._usage
+        (usage.kid(kid) if kid is not None and kid in self._known else usage.unknown).reject()
         rejected(self._observer, kid, token, reason)
 
 
+_MK_PREFIXES = (MK1_PREFIX, MK2_PREFIX)
+
+
 class FormatDispatch:
-    """A ring holding both formats: seal in the primary's, open each token by its prefix."""
+    """A ring holding SDK keys and ours: seal in the primary's format, open each token by its prefix
+    (``v1.`` by `SDKTokenCore`, ``mk1.`` and ``mk2.`` by `AESGCMTokenCore`)."""
 
     __slots__ = ("_mk1", "_sdk", "seal")
 
@@ -193,29 +220,39 @@ class FormatDispatch:
 
     def unseal(self, token: str) -> bytes:
         """See `SDKTokenCore.unseal` and `AESGCMTokenCore.unseal`; every failure is `InvalidRequestState`."""
-        if type(token) is str and token.startswith(MK1_PREFIX):
+        if type(token) is str and token.startswith(_MK_PREFIXES):
             if self._mk1 is not None:
                 return self._mk1.unseal(token)
-            self._sdk.refuse(self._sdk.kid_of(token, MK1_PREFIX), token)
+            self._sdk.refuse(self._sdk.kid_of(token, token[: len(MK1_PREFIX)]), token)
         return self._sdk.unseal(token)
 
 
 def build_core(
     ring: KeyRing, keys: Mapping[str, bytes], *, audience: str, observer: CodecObserver | None = None
 ) -> AESGCMTokenCore | FormatDispatch:
-    """The token core for `ring`: `AESGCMTokenCore` over `keys` (kid -> 32-byte ring key) when no key is an
-    SDK key, else a `FormatDispatch` over both formats (also once the SDK keys are retired, so a ``v1.``
-    token is then refused as ``retired kid``, not ``malformed``).
+    """The token core for `ring`: `AESGCMTokenCore` over `keys` (kid -> 32-byte ring key, each in the format
+    the ring records for it, ``mk1`` or ``mk2``) when no key is an SDK key, else a `FormatDispatch` over both
+    kinds (also once the SDK keys are retired, so a ``v1.`` token is then refused as ``retired kid``, not
+    ``malformed``). Either counts into the ring's `mrtr_keys.codecs.usage.RingUsage` of this process.
 
     Raises:
         ValueError: a ring key is not 32 bytes. KeyRingError: an SDK key's kid is not its own.
     """
     retired, revoked = refused_kids(ring)
     primary = ring.primary
+    usage = usage_for(ring.ring_id)
+    formats = {k.kid: k.format.value for k in ring.keys if k.format is not KeyFormat.SDK_V1}
     sdk = {k.kid: k.material for k in ring.usable_keys() if k.format is KeyFormat.SDK_V1 and k.material is not None}
     if not any(k.format is KeyFormat.SDK_V1 for k in ring.keys):
         return AESGCMTokenCore(
-            keys, primary_kid=primary.kid, audience=audience, retired=retired, revoked=revoked, observer=observer
+            keys,
+            primary_kid=primary.kid,
+            audience=audience,
+            retired=retired,
+            revoked=revoked,
+            observer=observer,
+            formats=formats,
+            usage=usage,
         )
     sdk_primary = primary.kid if primary.format is KeyFormat.SDK_V1 else None
     known = frozenset(k.kid for k in ring.keys)
@@ -227,6 +264,7 @@ def build_core(
         retired=retired,
         revoked=revoked,
         observer=observer,
+        usage=usage,
     )
     mk1_keys = {kid: key for kid, key in keys.items() if kid not in sdk}
     mk1_core: AESGCMTokenCore | None = None
@@ -234,7 +272,14 @@ def build_core(
         # The mk1 core needs a sealing kid; while an SDK key is primary its `seal` is never called.
         mk1_primary = primary.kid if sdk_primary is None else next(iter(mk1_keys))
         mk1_core = AESGCMTokenCore(
-            mk1_keys, primary_kid=mk1_primary, audience=audience, retired=retired, revoked=revoked, observer=observer
+            mk1_keys,
+            primary_kid=mk1_primary,
+            audience=audience,
+            retired=retired,
+            revoked=revoked,
+            observer=observer,
+            formats=formats,
+            usage=usage,
         )
     if sdk_primary is not None:
         seal = sdk_core.seal

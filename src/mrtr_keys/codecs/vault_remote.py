@@ -22,9 +22,11 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
+from typing import NoReturn
 
 from mrtr_keys.codecs.aesgcm import RETIRED_KID, REVOKED_KID, refused_kids, rejected
 from mrtr_keys.codecs.observe import CodecObserver
+from mrtr_keys.codecs.usage import usage_for
 from mrtr_keys.errors import BackendUnavailable, MrtrKeysError
 from mrtr_keys.providers.vault.client import VaultClient, VaultRefused
 from mrtr_keys.providers.vault.params import TransitParams, b64, key_version, split_vault_ciphertext, vault_ciphertext
@@ -79,6 +81,10 @@ class RemoteTransitCore:
         self._refused = {kid_to_bytes(k): RETIRED_KID for k in retired} | {
             kid_to_bytes(k): REVOKED_KID for k in revoked
         }
+        usage = usage_for(ring.ring_id)  # counted like every core (`mrtr_keys.codecs.usage`)
+        self._tallies = {kid_to_bytes(k.kid): usage.kid(k.kid) for k in ring.keys}
+        self._unknown = usage.unknown
+        self._sealing = usage.kid(ring.primary.kid)
 
     def seal(self, payload: bytes) -> str:
         """Seal `payload` with the primary key's transit version; returns a ``mkv1.`` token.
@@ -121,29 +127,37 @@ class RemoteTransitCore:
         try:
             raw_kid, body = unpack(TOKEN_PREFIX, token, min_body=VERSION_BYTES + MIN_VAULT_CIPHERTEXT_BYTES)
         except MalformedToken as exc:
-            rejected(self._observer, None, token, str(exc))
+            self._rejected(None, token, str(exc))
         entry = self._versions.get(raw_kid)
         if entry is None:
-            rejected(self._observer, raw_kid, token, self._refused.get(raw_kid, "unknown kid"))
+            self._rejected(raw_kid, token, self._refused.get(raw_kid, "unknown kid"))
         kid, version = entry
         if int.from_bytes(body[:VERSION_BYTES], "big") != version:
-            rejected(self._observer, raw_kid, token, "version")
+            self._rejected(raw_kid, token, "version")
         ciphertext = vault_ciphertext(version, body[VERSION_BYTES:])
         try:
             plaintext = self._client.decrypt(
                 self._params.mount, self._params.key, ciphertext=ciphertext, context_b64=self._context
             )
         except VaultRefused:
-            rejected(self._observer, raw_kid, token, "vault refused")
+            self._rejected(raw_kid, token, "vault refused")
         try:
             payload = base64.b64decode(plaintext, validate=True)
         except (binascii.Error, ValueError):
             raise BackendUnavailable("Vault's decrypt answer has a plaintext that is not base64") from None
+        self._tallies[raw_kid].unseal()
         if self._observer is not None:
             self._observer.unsealed(kid, token)
         return payload
 
+    def _rejected(self, raw_kid: bytes | None, token: object, reason: str) -> NoReturn:
+        self._tallies.get(raw_kid, self._unknown).reject()  # type: ignore[arg-type]
+        rejected(self._observer, raw_kid, token, reason)
+
     def _sealed(self, token: str) -> None:
+        tally = self._sealing
+        if tally.seal() >= tally.mark:
+            tally.wake()
         if self._observer is not None:
             self._observer.sealed(self._primary.hex(), token)
 

@@ -12,16 +12,24 @@ An instance with no version in its row counts as too old (`mrtr_keys.ring.compat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Literal
 
 from mrtr_keys.audit.stores.base import AuditStore
 from mrtr_keys.errors import NotYet
 from mrtr_keys.fleet.gates import live_instances
 from mrtr_keys.fleet.instances import InstanceRecord
-from mrtr_keys.ring.compat import READS_SINCE, can_read, release
+from mrtr_keys.ring.compat import READS_SINCE, can_read, features_of, release
 from mrtr_keys.ring.model import KeyRing
+
+if TYPE_CHECKING:
+    from mrtr_keys.keystores import Keystore
+
+ReadersCheck = Callable[[KeyRing, KeyRing, datetime], None]
+"""``check(before, after, now)`` (`mrtr_keys.changes.apply.ChangeCheck`): raises `NotYet` when `after` holds a
+feature `before` did not and a live instance cannot read it."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,11 @@ def refuse_unreadable(
     *,
     force: bool = False,
     what: str = "this change",
+    instead: str = "override with --force",
 ) -> str | None:
-    """Refuse `what` while a live instance cannot read one of `features` (see the module docstring).
+    """Refuse `what` while a live instance cannot read one of `features` (see the module docstring);
+    `instead` is the way around waiting for the upgrade the message offers (e.g. ``make an mk1 key:
+    --key-format mk1``).
 
     Returns:
         None when every live instance reads them; with `force`, a note naming those that do not (the
@@ -94,6 +105,31 @@ def refuse_unreadable(
     raise NotYet(
         f"{what} not written: {len(old)} live instance(s) run a release that cannot read it ({needs}) and would "
         f"keep serving on the ring they have: {names}. Upgrade them first (a rolling restart on mrtr-keys "
-        f"{newest} or later), or override with --force",
+        f"{newest} or later; docs/rotation.md, 'Upgrading the fleet'), or {instead}",
         waits=[{"for": "instances", "seconds": None, "detail": names}],
     )
+
+
+def readers_check_for(
+    keystore: Keystore, *, audit: str | Literal[False] | None = None, what: str = "this change", instead: str
+) -> ReadersCheck | None:
+    """The check `mrtr_keys.changes.apply.apply_change` runs before it saves (``check=``): `refuse_unreadable`
+    over the features the new ring holds and the old one did not (`mrtr_keys.ring.compat.features_of`), in the
+    presence store of the ring in `keystore` (as `mrtr_keys.fleet.gates.rotation_gate_for` finds it). None when
+    there is no store to read (auditing off: no presence, nothing known).
+
+    Raises:
+        ConfigError: a bad store URL; AuditError: the store cannot be opened.
+    """
+    from mrtr_keys.audit.stores.url import existing_store
+
+    store = existing_store(keystore, audit=audit)
+    if store is None:
+        return None
+
+    def check(before: KeyRing, after: KeyRing, now: datetime) -> None:
+        added = features_of(after) - features_of(before)
+        if added:
+            refuse_unreadable(store, after, sorted(added), now, what=what, instead=instead)
+
+    return check

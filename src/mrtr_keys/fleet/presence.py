@@ -35,6 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.codecs.usage import enabled as counting_enabled
 from mrtr_keys.errors import AuditError
 from mrtr_keys.fleet.instances import (
     DEFAULT_HEARTBEAT,
@@ -51,6 +52,7 @@ from mrtr_keys.fleet.instances import (
     instance_name,
     read_instances,
 )
+from mrtr_keys.fleet.usage import UsageReporter
 from mrtr_keys.keystores.watch import STUCK_NOTE
 from mrtr_keys.version import __version__
 
@@ -82,6 +84,7 @@ __all__ = [
     "instance_name",
     "presence_for",
     "read_instances",
+    "ring_source",
     "stop_all",
 ]
 
@@ -121,9 +124,20 @@ class Presence:
         self.beats = 0
         self.error: str | None = None
         self.last: InstanceRecord | None = None
+        self._usage: UsageReporter | None = None
 
     def __repr__(self) -> str:
         return f"Presence({self.name!r}, kind={self.kind!r}, every={self.every:g}, store={self.store.url!r})"
+
+    def usage(self) -> UsageReporter:
+        """This instance's seal counts reporter into the same store (`mrtr_keys.fleet.usage`), started on first
+        use; `stop` writes its final counts before the ``stopped`` row."""
+        with self._lock:
+            if self._usage is None:
+                self._usage = UsageReporter(self.store, instance=self.name)
+                if counting_enabled():
+                    self._usage.start()
+            return self._usage
 
     def add(self, source: Source) -> None:
         """Report on `source` too, and beat now (synchronously), so the instance is visible before it serves."""
@@ -215,7 +229,10 @@ class Presence:
         self._write(replace(last, beat=format_ts(self._clock()), state=STOPPED))
 
     def stop(self) -> None:
-        """Write the ``stopped`` row (once) and end the heartbeat thread."""
+        """Write the final seal counts (`usage`), then the ``stopped`` row (once), and end the heartbeat thread."""
+        usage = self._usage
+        if usage is not None:
+            usage.stop()
         with self._lock:
             if self.stopped:
                 return
@@ -288,6 +305,15 @@ def presence_for(
         return presence
 
 
+def why_behind(stuck: str | None, refused: str | None, fenced: str | None) -> str | None:
+    """The heartbeat's note from a stuck watcher's note, a refused ring and the fence's note: the first of the
+    stuck and refused notes (a stuck one leads: the gates read it, `InstanceRecord.watcher_stuck`), then the
+    fence's after ``; `` (an instance cut from its keystore is both stuck and serving fenced out, and says
+    both); None when there is none."""
+    lead = stuck or refused
+    return "; ".join(n for n in (lead, fenced) if n) or None
+
+
 def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
     """A `Source` over a key-ring codec (held weakly) and its watcher (None: reload is off)."""
     ref = weakref.ref(codec)
@@ -305,21 +331,27 @@ def codec_source(codec: Any, watcher: RingWatcher | None) -> Source:
         closed = kek.note() if kek is not None else None
         if closed and kek is not None and kek.closed:  # failing closed says more than anything else
             note: str | None = closed
-        elif stuck:
-            note = stuck
-        elif refused:
-            note = f"refused a ring: {refused}"
-        elif fenced:
-            note = fenced
-        elif watcher is None:
-            note = "reload off"
-        elif watcher.error:
-            note = f"keystore: {watcher.error}"
         else:
+            note = why_behind(stuck, f"refused a ring: {refused}" if refused else None, fenced)
+        if note is None:
+            note = "reload off" if watcher is None else (f"keystore: {watcher.error}" if watcher.error else None)
+        if note is None:
             note = closed  # the wrapping key could not be checked (an outage), or None
         return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 
     return view
+
+
+def ring_source(codec: Any) -> Callable[[], Any]:
+    """The ring a key-ring codec (held weakly) has loaded now, or None once it is gone: what
+    `mrtr_keys.fleet.usage.UsageReporter.watch` reads."""
+    ref = weakref.ref(codec)
+
+    def ring() -> Any:
+        target = ref()
+        return None if target is None else target.ring
+
+    return ring
 
 
 def stop_all() -> None:

@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from mrtr_keys.deadlines import WATCHDOG
-from mrtr_keys.errors import ConfigError
+from mrtr_keys.errors import ConfigError, bare
 from mrtr_keys.replay.store import KEY_BYTES, Health, redact
 
 log = logging.getLogger("mrtr_keys.replay")
@@ -61,20 +61,6 @@ _PURGE = (
     "DELETE FROM mrtr_replay_tokens WHERE id IN (SELECT id FROM mrtr_replay_tokens WHERE expires_at < now() "
     "LIMIT %s FOR UPDATE SKIP LOCKED)"
 )
-
-
-def _bare(exc: BaseException) -> BaseException:
-    """`exc` without its traceback (nor those of the exceptions it chains). A failed psycopg connect leaves
-    its socket to the attempt's frames, and a traceback kept past the attempt (in the box a caller that left
-    never empties) holds them in a cycle until the garbage collector runs: after an outage, every attempt
-    that timed out would still hold a socket, and the server a backend for each once the network heals."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        link.__traceback__ = None
-        link = link.__cause__ or link.__context__
-    return exc
 
 
 class PostgresReplayStore:
@@ -160,7 +146,7 @@ class PostgresReplayStore:
             try:
                 conn = self._connect()
             except BaseException as exc:  # handed to the caller (nothing to do if it left)
-                box.put((None, _bare(exc)))
+                box.put((None, bare(exc)))
                 return
             box.put((conn, None))
             if late.is_set():

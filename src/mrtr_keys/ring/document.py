@@ -86,6 +86,7 @@ def ring_from_json(doc: object) -> KeyRing:
         ttl_seconds=float(ttl),
         codec=codec,
         created_at=created,
+        seal_budget=_budget(doc.get("seal_budget"), "seal_budget"),
     )
 
 
@@ -116,7 +117,7 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
     try:
         key_format = KeyFormat(str(entry.get("format", KeyFormat.MK1.value)))
     except ValueError:
-        raise KeyRingError(f"key {kid}: format must be mk1 or sdk-v1") from None
+        raise KeyRingError(f"key {kid}: format must be mk1, mk2 or sdk-v1") from None
     material: bytes | None = None
     raw_material = entry.get("material")
     destroyed = parse_time(entry.get("destroyed_at"), f"key {kid} destroyed_at")
@@ -154,7 +155,17 @@ def _key_from_json(entry: object, index: int, codec_type: str) -> Key:
         revoked_at=parse_time(entry.get("revoked_at"), f"key {kid} revoked_at"),
         revoked_reason=reason,
         revoked_by=by,
+        budget=_budget(entry.get("budget"), f"key {kid}: budget"),
     )
+
+
+def _budget(value: object, what: str) -> int | None:
+    """A seal budget as stored (None when absent); the range is checked with the ring (`KeyRing`)."""
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise KeyRingError(f"{what} must be a whole number of seals")
+    return value
 
 
 def _decode_material(value: object, kid: str) -> bytes:

@@ -29,8 +29,14 @@ codecs refuse its tokens with the reason ``revoked kid``. Releases before 0.2.0 
 (KMS, Vault) keep their per-key fields in ``key_data`` instead (wrapped key,
 KMS key id, encryption context, transit key version).
 
-``format`` (absent = ``mk1``): ``sdk-v1`` keys hold an MCP SDK secret as ``sdk_key`` and seal
-the SDK's ``v1.`` tokens (`mrtr_keys.ring.sdk_keys`, docs/migration.md).
+``format`` (absent = ``mk1``), fixed when the key is made: ``mk2`` keys seal AES-256-GCM-SIV tokens
+(`mrtr_keys.codecs.aesgcm`, docs/token-format.md; releases before 0.2.0 do not read them,
+`mrtr_keys.ring.compat`); ``sdk-v1`` keys hold an MCP SDK secret as ``sdk_key`` and seal the SDK's
+``v1.`` tokens (`mrtr_keys.ring.sdk_keys`, docs/migration.md).
+
+Seal budgets (`mrtr_keys.ring.budgets`): a key's ``budget`` (absent: the ring's ``seal_budget``, absent:
+its format's default) is how many seals it may make before it is due for rotation; older readers
+ignore both fields.
 """
 
 from __future__ import annotations
@@ -58,12 +64,15 @@ MAX_TTL_SECONDS = 30 * 24 * 3600.0
 retire gate (promote + TTL + 60 s) must stay a date that can be computed and printed."""
 MAX_GENERATION = 2**53 - 1
 """Largest generation (the largest integer every JSON reader and a PostgreSQL bigint agree on)."""
+MAX_BUDGET = 2**53 - 1
+"""Largest seal budget a ring records (the largest integer every JSON reader keeps exactly)."""
 
 
 class KeyFormat(StrEnum):
     """Which token format a key seals and opens (see the module docstring)."""
 
     MK1 = "mk1"
+    MK2 = "mk2"
     SDK_V1 = "sdk-v1"
 
 
@@ -159,6 +168,9 @@ class Key:
     revoked_at: datetime | None = None
     revoked_reason: str | None = None
     revoked_by: str | None = None
+    budget: int | None = None
+    """Seals this key may make before it is due for rotation; None: the ring's `KeyRing.seal_budget`,
+    else its format's default (`mrtr_keys.ring.budgets.budget_of`)."""
 
     @property
     def usable(self) -> bool:
@@ -179,7 +191,7 @@ class Key:
         """Public fields only (no material, no wrapped key): kid, state and times (``destroyed_at`` only for
         a destroyed key and the ``revoked_*`` fields only for a revoked one, so older readers see the same
         document)."""
-        out = {
+        out: dict[str, Any] = {
             "kid": self.kid,
             "state": self.state.value,
             "created_at": format_time(self.created_at),
@@ -194,6 +206,8 @@ class Key:
             out["revoked_at"] = format_time(self.revoked_at)
             out["revoked_reason"] = self.revoked_reason
             out["revoked_by"] = self.revoked_by
+        if self.budget is not None:
+            out["budget"] = self.budget
         return out
 
 
@@ -235,6 +249,9 @@ class KeyRing:
     codec: CodecSpec = field(default_factory=CodecSpec)
     created_at: datetime = field(default_factory=utcnow)
     ttl_lowering: TtlLowering | None = None
+    seal_budget: int | None = None
+    """The seal budget of every key without one of its own, the keys made later included (``mrtr-keys keys
+    budget SEALS``); None: each key's format default (`mrtr_keys.ring.budgets`)."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -288,10 +305,9 @@ class KeyRing:
             entry = k.describe()
             if k.format is KeyFormat.MK1:
                 del entry["format"]  # the default: an mk1 key's entry is what it was before formats existed
-                if k.material is not None:
-                    entry["material"] = base64.b64encode(k.material).decode("ascii")
-            elif k.material is not None:
-                entry["sdk_key"] = base64.b64encode(k.material).decode("ascii")
+            if k.material is not None:
+                field_name = "sdk_key" if k.format is KeyFormat.SDK_V1 else "material"
+                entry[field_name] = base64.b64encode(k.material).decode("ascii")
             if k.key_data:
                 entry["key_data"] = dict(k.key_data)
             keys.append(entry)
@@ -305,6 +321,7 @@ class KeyRing:
             "codec": self.codec.to_json(),
             "created_at": format_time(self.created_at),
             **({"ttl_lowering": self.ttl_lowering.to_json()} if self.ttl_lowering is not None else {}),
+            **({"seal_budget": self.seal_budget} if self.seal_budget is not None else {}),
             "keys": keys,
         }
 
@@ -321,6 +338,7 @@ class KeyRing:
             "audiences": list(self.audiences),
             "codec": self.codec.type,
             **({"ttl_lowering": self.ttl_lowering.to_json()} if self.ttl_lowering is not None else {}),
+            **({"seal_budget": self.seal_budget} if self.seal_budget is not None else {}),
             "keys": [k.describe() for k in self.keys],
         }
 
@@ -347,6 +365,8 @@ def _validate(ring: KeyRing) -> None:
         if k.destroyed_at is not None and (not _ended(k) or k.material is not None or k.key_data):
             raise KeyRingError(f"key {k.kid}: a destroyed key is retired or revoked and has no material or key_data")
         _validate_revocation(k)
+        if not _budget_ok(k.budget):
+            raise KeyRingError(f"key {k.kid}: budget must be a whole number of seals from 1 to {MAX_BUDGET}")
     primaries = [k.kid for k in ring.keys if k.state is KeyState.PRIMARY]
     if not primaries:
         raise KeyRingError("key ring has no primary key (exactly one is required)")
@@ -354,6 +374,8 @@ def _validate(ring: KeyRing) -> None:
         raise KeyRingError(
             f"key ring has {len(primaries)} primary keys ({', '.join(primaries)}); exactly one is allowed"
         )
+    if not _budget_ok(ring.seal_budget):
+        raise KeyRingError(f"seal_budget must be a whole number of seals from 1 to {MAX_BUDGET}")
     low = ring.ttl_lowering
     if low is not None and not (math.isfinite(low.ttl_seconds) and 0 < low.ttl_seconds < ring.ttl_seconds):
         raise KeyRingError("ttl_lowering.ttl_seconds must be above 0 and below ttl_seconds")
@@ -362,6 +384,11 @@ def _validate(ring: KeyRing) -> None:
     for a in ring.audiences:
         if not a:
             raise KeyRingError("an audience is a non-empty string")
+
+
+def _budget_ok(budget: object) -> bool:
+    """None, or an int (not a bool) from 1 to `MAX_BUDGET`."""
+    return budget is None or (type(budget) is int and 1 <= budget <= MAX_BUDGET)
 
 
 def _ended(key: Key) -> bool:

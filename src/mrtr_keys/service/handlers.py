@@ -22,6 +22,7 @@ import anyio.to_thread
 
 from mrtr_keys.backends import Codec
 from mrtr_keys.codecs.fence import FENCED_OUT, FENCED_OUT_TOO_LONG, UNKNOWN_KID, FencedOutTooLong
+from mrtr_keys.codecs.usage import OVER_BUDGET, over_budget
 from mrtr_keys.errors import AudienceError, MrtrKeysError
 from mrtr_keys.replay.service_guard import STORE_UNAVAILABLE
 from mrtr_keys.service.auth import ClientAuth, bearer_secret
@@ -154,6 +155,8 @@ class SidecarCore(RingLifecycle):
         reason = out.reason
         if reason is None and out.outcome == "ok" and self.fence is not None and self.fence.error is not None:
             reason = FENCED_OUT  # served on the last good ring after a failed keystore check
+        if reason is None and op == "seal" and out.kid in over_budget:
+            reason = OVER_BUDGET  # sealed past the key's seal budget (sealing never stops)
         try:
             sink(
                 op=op,
@@ -399,6 +402,8 @@ class SidecarCore(RingLifecycle):
                 if many is not None:
                     ms = (clock() - t0) * 1000.0
                     reason = out.reason if out.reason is not None or outcome != "ok" else fenced
+                    if reason is None and seal and out.kid in over_budget:
+                        reason = OVER_BUDGET
                     events.append((out.audience, out.kid, outcome, reason, out.token, ms, wall()))
                 elif sink is not None:
                     self._audit(sink, op, name, out, t0)

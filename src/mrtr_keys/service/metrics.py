@@ -22,6 +22,14 @@
   with audit off).
   A growing ``queued`` means the writer is behind: the queue is bounded in events (see docs/audit.md),
   and its high-water mark is most of the sidecar's resident memory beyond the baseline.
+* ``mrtr_sidecar_seals_total{kid}``, ``mrtr_sidecar_unseals_total{kid, outcome}`` (``ok``, ``rejected``): this
+  process's seals, unseals and refused tokens per kid (`mrtr_keys.codecs.usage`); ``kid`` is a kid of the loaded
+  ring, or ``unknown`` for a token whose kid the ring does not hold, so no token can add a label value.
+* ``mrtr_sidecar_key_seals{kid, state}``, ``mrtr_sidecar_key_seal_budget{kid, state}`` and
+  ``mrtr_sidecar_key_budget_used_ratio{kid, state}``: each usable key's fleet-wide seals as the presence store
+  last said (never below the truth; this process's own count without a presence store), its seal budget, and
+  the fraction used (`mrtr_keys.fleet.usage`; the alerts ``MrtrKeysSealBudgetHalfUsed`` and
+  ``MrtrKeysSealBudgetSpent``).
 * ``mrtr_sidecar_store_up{store}`` (``audit``, ``replay``): 0 while that store counts as down (writes
   failing or unacknowledged for 1 s; calls failing), and
   ``mrtr_sidecar_store_down_since_timestamp_seconds{store}``: since when (0 while up).
@@ -130,6 +138,12 @@ class SidecarMetrics:
         """Export the ring watcher's last completed check and whether it is stuck (at scrape time)."""
         self.registry.register(_WatcherCollector(watcher))
 
+    def watch_usage(self, ring: Any, reporter: Callable[[], Any]) -> None:
+        """Export the seal, unseal and rejection counts per kid of `ring` (a `RingState`) and each usable key's use
+        of its seal budget, from `reporter()` (the `UsageReporter`, or None without a presence store), at scrape
+        time."""
+        self.registry.register(_UsageCollector(ring, reporter))
+
     def watch_retention(self, retention: Any) -> None:
         """Export the audit retention loop's last success and records deleted (at scrape time)."""
         self.registry.register(_RetentionCollector(retention))
@@ -182,6 +196,54 @@ class _AuditCollector(Collector):
                 "Requests made to wait for the audit writer (queue past its high-water mark).",
                 value=slowed,
             )
+
+
+class _UsageCollector(Collector):
+    """Reads the process's tallies (`mrtr_keys.codecs.usage`) and the reporter's totals at scrape time."""
+
+    def __init__(self, ring: Any, reporter: Callable[[], Any]) -> None:
+        self._state, self._reporter = ring, reporter
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        from mrtr_keys.codecs.usage import UNKNOWN, usage_for
+        from mrtr_keys.ring.budgets import budget_of
+
+        ring = self._state.ring
+        usage = usage_for(ring.ring_id)
+        seals = CounterMetricFamily("mrtr_sidecar_seals", "Tokens this process sealed, by kid.", labels=["kid"])
+        unseals = CounterMetricFamily(
+            "mrtr_sidecar_unseals",
+            "Tokens this process opened (ok) or refused (rejected), by kid (unknown: a kid not in the ring).",
+            labels=["kid", "outcome"],
+        )
+        for key in ring.keys:
+            tally = usage.kid(key.kid)
+            seals.add_metric([key.kid], float(tally.seals))
+            unseals.add_metric([key.kid, "ok"], float(tally.unseals))
+            unseals.add_metric([key.kid, "rejected"], float(tally.rejections))
+        unseals.add_metric([UNKNOWN, "rejected"], float(usage.unknown.rejections))
+        yield seals
+        yield unseals
+        reporter = self._reporter()
+        fleet = reporter.totals.get(ring.ring_id, {}) if reporter is not None else None
+        labels = ["kid", "state"]
+        total = GaugeMetricFamily(
+            "mrtr_sidecar_key_seals",
+            "Seals of each usable key fleet-wide, as the presence store last said (this process's without one).",
+            labels=labels,
+        )
+        budget = GaugeMetricFamily("mrtr_sidecar_key_seal_budget", "Seal budget of each usable key.", labels=labels)
+        ratio = GaugeMetricFamily(
+            "mrtr_sidecar_key_budget_used_ratio", "Fraction of its seal budget each usable key has used.", labels=labels
+        )
+        for key in ring.usable_keys():
+            n = fleet[key.kid].seals if fleet is not None and key.kid in fleet else usage.kid(key.kid).seals
+            b = budget_of(ring, key)
+            for family, value in ((total, n), (budget, b), (ratio, n / b)):
+                family.add_metric([key.kid, key.state.value], float(value))
+        yield total
+        yield budget
+        yield ratio
 
 
 class _WatcherCollector(Collector):

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mrtr_keys.audit.retention import Retention
     from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
+    from mrtr_keys.fleet.usage import UsageReporter
     from mrtr_keys.keystores.watch import RingWatcher
 
 log = logging.getLogger("mrtr_keys.service")
@@ -67,6 +68,10 @@ class RingLifecycle:
             self.metrics.watch_audit(getattr(audit, "sink", audit))
         self.metrics.watch_ring(ring)
         self.metrics.watch_stores(self.stores_down)
+        self.usage: UsageReporter | None = None
+        """The seal counts reporter into the presence store (`mrtr_keys.fleet.usage`; the keeper starts it), or
+        None (no presence store: counts stay in this process)."""
+        self.metrics.watch_usage(ring, lambda: self.usage)
         self.replay: SidecarReplay | None = None
         if config.replay_store:  # single-use unseals (docs/single-use.md)
             self.replay = SidecarReplay(
@@ -162,6 +167,39 @@ class RingLifecycle:
             "stuck_since": None if since is None else utc_text(since),
         }
 
+    def key_usage(self) -> dict[str, Any]:
+        """``/readyz``'s ``key_usage`` (authenticated callers): each usable key's fleet-wide seals (the presence
+        store's total, never below the truth; this process's own without a store: ``scope``), its budget and the
+        fraction used, with the warning sentence from 50 % (`mrtr_keys.fleet.usage.budget_note`). Sealing never
+        stops on a budget, so this never makes the sidecar unready. No I/O: the reporter's last reading."""
+        from mrtr_keys.codecs.usage import usage_for
+        from mrtr_keys.fleet.usage import budget_note
+        from mrtr_keys.ring.budgets import WARN_AT, budget_of
+
+        ring = self.ring.ring
+        reporter = self.usage
+        fleet = reporter.totals.get(ring.ring_id, {}) if reporter is not None else None
+        keys = []
+        for key in ring.usable_keys():
+            seals = fleet[key.kid].seals if fleet and key.kid in fleet else usage_for(ring.ring_id).kid(key.kid).seals
+            budget = budget_of(ring, key)
+            entry: dict[str, Any] = {
+                "kid": key.kid,
+                "state": key.state.value,
+                "format": key.format.value,
+                "seals": seals,
+                "budget": budget,
+                "used": round(seals / budget, 6),
+            }
+            if seals / budget >= WARN_AT:
+                entry["note"] = budget_note(key.kid, seals, budget)
+            keys.append(entry)
+        out: dict[str, Any] = {"scope": "fleet" if reporter is not None else "process", "keys": keys}
+        if reporter is not None:
+            out["last_success"] = None if reporter.last_success is None else format_ts(reporter.last_success)
+            out["error"] = reporter.error
+        return out
+
     def stores_down(self) -> dict[str, float | None]:
         """The stores that count as down now, each with the POSIX time since when (None if unknown):
         ``audit`` (writes failing, or none acknowledged for 1 s with events waiting) and ``replay``
@@ -182,7 +220,9 @@ class RingLifecycle:
         stuck ring watcher (`stale_note`) also give 503. ``down`` names each component that is down
         (``codec``, ``audit``, ``replay``) with the time since when; the error text of a store (which may
         name hosts and users) goes to the log and, with `detail` (an authenticated caller), into the answer
-        (``audit``, ``replay``).
+        (``audit``, ``replay``). ``fenced_out`` is the fence's note while the sidecar serves fenced out (its
+        lease ran out and the keystore check failed: `mrtr_keys.codecs.fence`), the one its heartbeat carries;
+        serving so is by design, so it changes no status.
         """
         ring = self.ring.ring
         stale = self.stale_note()
@@ -199,6 +239,9 @@ class RingLifecycle:
         watcher = self.watcher_status()
         if watcher is not None:
             doc["watcher"] = watcher
+        fenced = self.fence.note() if self.fence is not None else None
+        if fenced is not None:
+            doc["fenced_out"] = fenced
         kek = self.ring.kek()
         if kek is not None:
             times = ("last_ok", "last_check", "closed_since")
@@ -213,6 +256,8 @@ class RingLifecycle:
         audit_status = getattr(self.audit, "status", None)
         if detail and audit_status is not None:
             doc["audit"] = audit_status()
+        if detail:
+            doc["key_usage"] = self.key_usage()
         if self.retention is not None:
             doc["audit_retention"] = self.retention.status()
         replay = self.replay

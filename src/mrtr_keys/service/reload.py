@@ -282,7 +282,7 @@ class Keeper:
         configuration (``serve --workers N`` before forking) never shows up as an instance."""
         import os
 
-        from mrtr_keys.fleet.presence import Loaded, instance_name, presence_for
+        from mrtr_keys.fleet.presence import Loaded, instance_name, presence_for, why_behind
 
         core, config, watcher = self._core, self._config, self.watcher
         state: RingState = core.ring
@@ -303,7 +303,7 @@ class Keeper:
                 ring = state.ring
                 fence = core.fence
                 fenced = fence.note() if fence is not None else None  # it names the keystore error too
-                note = watcher.stuck_note() or state.refused or fenced or state.kek_note()
+                note = why_behind(watcher.stuck_note(), state.refused, fenced) or state.kek_note()
                 if note is None and state.error:
                     note = f"keystore: {state.error}"
                 if note is None and watcher.error:
@@ -313,7 +313,15 @@ class Keeper:
                 return Loaded(ring.codec.type, ring.ring_id, ring.generation, ring.primary.kid, note)
 
             presence.add(view)
-            watcher.on_switch = presence.beat_soon  # the heartbeat thread writes: a silent store never holds a reload
+            usage = core.usage = presence.usage()
+            usage.watch(lambda: state.ring)  # one round now: the primary is reserved before the first seal
+            beat = presence.beat_soon
+
+            def on_switch() -> None:  # threads of their own write: a silent store never holds a reload
+                beat()
+                usage.wake()
+
+            watcher.on_switch = on_switch
             core.presence = presence
             if config.audit_retention:
                 core.retention = sidecar_retention(store.url, state, config)

@@ -130,6 +130,9 @@ class ReadyResponse(BaseModel):
     watcher: WatcherStatus | None = None
     down: dict[str, str | None] | None = None
     """Components down (``codec``, ``audit``, ``replay``) -> since when (event time form), if any."""
+    key_usage: dict[str, Any] | None = None
+    """Authenticated callers only: each usable key's seals (fleet-wide from the presence store, else this
+    process's), seal budget, fraction used and, from 50 %, the warning sentence (docs/rotation.md)."""
     wrapping_key: dict[str, Any] | None = None
     """A KMS-envelope or Vault data-key ring's wrapping-key check (`mrtr_keys.codecs.kek`): ``wrapping_key``,
     ``state`` (``ok``, ``unreachable``, ``revoked``, ``unchecked``), ``closed`` (why it fails closed),

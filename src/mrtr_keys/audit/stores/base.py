@@ -8,6 +8,7 @@ from typing import Protocol
 
 from mrtr_keys.audit.chain import Record, event_values
 from mrtr_keys.audit.events import FIELDS
+from mrtr_keys.audit.stores.key_usage import UsageRow
 
 SCHEMA_VERSION = 5
 """The schema this code creates. A new store is created at it; an existing store is migrated on open
@@ -135,6 +136,32 @@ class AuditStore(Protocol):
 
     def instances(self) -> list[tuple[object, ...]]:
         """Every presence row, in `INSTANCE_COLUMNS` order."""
+        ...
+
+    def put_usage(self, rows: Sequence[UsageRow]) -> None:
+        """Insert or replace whole ``key_usage`` rows (keyed by ring, kid and source), atomically
+        (`mrtr_keys.audit.stores.key_usage`; written by `mrtr_keys.fleet.usage`).
+
+        Raises:
+            AuditError: the store cannot be written.
+        """
+        ...
+
+    def usage_rows(self, ring_id: str) -> list[UsageRow]:
+        """Every ``key_usage`` row of ring `ring_id` (`mrtr_keys.audit.stores.key_usage.totals` sums them).
+
+        Raises:
+            AuditError: the store cannot be read.
+        """
+        ...
+
+    def settle_usage(self, ring_id: str, *, source: str | None = None, before: str | None = None) -> int:
+        """Fold the rows of `source`, and of sources silent since `before`, into each kid's settled row;
+        returns how many rows were folded.
+
+        Raises:
+            AuditError: the store cannot be written.
+        """
         ...
 
     def close(self) -> None: ...

@@ -8,7 +8,8 @@ cut off before the next append (the writer then re-sends what the store does not
 The file is created mode 0600. Queries scan the file (fine for what a shipper keeps locally; use
 SQLite or PostgreSQL to query a lot).
 The schema version is the first line's ``{"schema_version": N}``. Presence rows (one an instance,
-replaced by each heartbeat) live beside it in ``PATH.instances.json``, rewritten atomically.
+replaced by each heartbeat) live beside it in ``PATH.instances.json``, and ``key_usage`` rows
+(`mrtr_keys.audit.stores.key_usage`) in ``PATH.usage.json``, each rewritten atomically under a lock file.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import fcntl
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.events import STATS_KEYS
 from mrtr_keys.audit.stores.base import AUTO_SCHEMA, INSTANCE_COLUMNS, SCHEMA_VERSION, SQL_COLUMNS, Query, record_row
+from mrtr_keys.audit.stores.key_usage import USAGE_COLUMNS, UsageRow, settle_rows
 from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
 
 
@@ -162,14 +164,21 @@ class JSONLStore:
 
     def put_instance(self, row: Sequence[object]) -> None:
         doc = dict(zip(INSTANCE_COLUMNS, row, strict=True))
-        path = self._instances_path
+
+        def change(rows: dict[str, dict[str, object]]) -> None:
+            rows[str(doc["name"])] = doc
+
+        self._rewrite(self._instances_path, change)
+
+    def _rewrite(self, path: Path, change: Callable[[dict[str, dict[str, object]]], object]) -> None:
+        """Read the JSON object at `path`, `change` it, and replace the file atomically, under its lock file."""
         with self._lock:
             try:
                 fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX)
-                    rows = self._read_instances()
-                    rows[str(doc["name"])] = doc
+                    rows = self._read_doc(path)
+                    change(rows)
                     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                     tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                     with os.fdopen(tfd, "w", encoding="utf-8") as f:
@@ -180,20 +189,59 @@ class JSONLStore:
             except OSError as exc:
                 raise AuditUnavailable(f"cannot write to the audit store {path}: {exc.strerror}") from None
 
-    def _read_instances(self) -> dict[str, dict[str, object]]:
+    @staticmethod
+    def _read_doc(path: Path) -> dict[str, dict[str, object]]:
         try:
-            doc = json.loads(self._instances_path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
         except OSError as exc:
-            raise AuditUnavailable(f"cannot read the audit store {self._instances_path}: {exc.strerror}") from None
+            raise AuditUnavailable(f"cannot read the audit store {path}: {exc.strerror}") from None
         except ValueError as exc:  # not JSON: a damaged file, not an outage (exit 1, not 75)
-            raise AuditError(f"cannot read the audit store {self._instances_path}: {exc}") from None
+            raise AuditError(f"cannot read the audit store {path}: {exc}") from None
         return doc if isinstance(doc, dict) else {}
 
     def instances(self) -> list[tuple[object, ...]]:
-        rows = self._read_instances()
+        rows = self._read_doc(self._instances_path)
         return [tuple(rows[k].get(c) for c in INSTANCE_COLUMNS) for k in sorted(rows)]
+
+    @property
+    def _usage_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".usage.json")
+
+    def put_usage(self, rows: Sequence[UsageRow]) -> None:
+        def change(doc: dict[str, dict[str, object]]) -> None:
+            for r in rows:
+                doc[f"{r.ring_id} {r.kid} {r.source}"] = dict(zip(USAGE_COLUMNS, r.row(), strict=True))
+
+        if rows:
+            self._rewrite(self._usage_path, change)
+
+    def usage_rows(self, ring_id: str) -> list[UsageRow]:
+        doc = self._read_doc(self._usage_path)
+        try:
+            rows = [UsageRow.from_row([v.get(c) for c in USAGE_COLUMNS]) for v in doc.values()]
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise AuditError(f"cannot read the audit store {self._usage_path}: a malformed row ({exc})") from None
+        return [r for r in rows if r.ring_id == ring_id]
+
+    def settle_usage(self, ring_id: str, *, source: str | None = None, before: str | None = None) -> int:
+        folded: list[int] = []
+
+        def change(doc: dict[str, dict[str, object]]) -> None:
+            rows = settle_rows(
+                [UsageRow.from_row([v.get(c) for c in USAGE_COLUMNS]) for v in doc.values()], ring_id, source, before
+            )
+            if rows is None:
+                return
+            keep, gone = rows
+            doc.clear()
+            for r in keep:
+                doc[f"{r.ring_id} {r.kid} {r.source}"] = dict(zip(USAGE_COLUMNS, r.row(), strict=True))
+            folded.append(gone)
+
+        self._rewrite(self._usage_path, change)
+        return sum(folded)
 
     def close(self) -> None:
         pass

@@ -27,7 +27,7 @@ from mrtr_keys.audit.stores.base import SCHEMA_VERSION, SQL_COLUMNS
 from mrtr_keys.audit.stores.narrow_sql import NarrowRows
 from mrtr_keys.audit.stores.sql import SQLStore
 from mrtr_keys.deadlines import WATCHDOG, Guard
-from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError
+from mrtr_keys.errors import AuditError, AuditUnavailable, ConfigError, bare
 from mrtr_keys.urls import redact
 
 _COPY = f"COPY audit_events ({', '.join(SQL_COLUMNS)}) FROM STDIN"
@@ -89,10 +89,13 @@ class PostgresStore(NarrowRows, SQLStore):
         super().__init__(redact(url))
 
     def _connect(self) -> Any:
+        """A new connection; an attempt that failed closes its socket now (`mrtr_keys.errors.bare`), not at the
+        next garbage collection."""
         try:
             return self._psycopg.connect(self._dsn, connect_timeout=CONNECT_TIMEOUT, **KEEPALIVES)
         except self._psycopg.Error as exc:
-            raise AuditUnavailable(f"cannot connect to the audit store {self.url}: {exc}") from None
+            message = f"cannot connect to the audit store {self.url}: {bare(exc)}"
+        raise AuditUnavailable(message)
 
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
         """Store `rows` in one transaction with ``COPY ... FROM STDIN`` (binary framing by psycopg;

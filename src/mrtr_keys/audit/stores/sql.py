@@ -17,6 +17,7 @@ from mrtr_keys.audit.stores.base import (
     Query,
 )
 from mrtr_keys.audit.stores.hours import HourTotals
+from mrtr_keys.audit.stores.key_usage import SQLKeyUsage
 from mrtr_keys.audit.stores.sql_schema import SchemaSteps
 from mrtr_keys.deadlines import Guard
 from mrtr_keys.errors import AuditError, ConfigError
@@ -42,7 +43,7 @@ def _row_to_record(row: Sequence[Any]) -> Record:
     return Record(ev, writer, int(seq), prev, h, int(pos))
 
 
-class SQLStore(HourTotals, SchemaSteps):
+class SQLStore(HourTotals, SQLKeyUsage, SchemaSteps):
     """Base of the SQL stores; a subclass supplies `_connect`, `_db_errors`, `PARAM`, `AUTOINC`, `_lock_schema`.
 
     A connection the server dropped (`_broken`) is discarded on the error that revealed it, and the

@@ -64,6 +64,7 @@ class SchemaSteps:
                     self._upgrade(cur, AUTO_SCHEMA)
                     cur.execute(f"INSERT INTO schema_version (version) VALUES ({self.PARAM})", (SCHEMA_VERSION,))  # noqa: S608
                 self._make_hours(cur)
+                self._make_usage(cur)
                 self.store_id = self._store_id(cur)
                 self._conn.commit()
                 self.version = self._current_version(cur)
@@ -96,6 +97,10 @@ class SchemaSteps:
 
     def _make_hours(self, cur: Any) -> None:
         """Create the hourly totals if missing (`mrtr_keys.audit.stores.hours.HourTotals`)."""
+        raise NotImplementedError
+
+    def _make_usage(self, cur: Any) -> None:
+        """Create ``key_usage`` if missing (`mrtr_keys.audit.stores.key_usage.SQLKeyUsage`)."""
         raise NotImplementedError
 
     def _upgrade(self, cur: Any, current: int) -> None:

@@ -1,0 +1,353 @@
+"""Fleet-wide seal counts per kid that are never below the truth: reservations in the presence store.
+
+Every instance counts its seals, unseals and rejections per kid in memory (`mrtr_keys.codecs.usage`; one C
+call a token). Its `UsageReporter`, a background thread beside the presence heartbeat, writes them to the
+presence store's ``key_usage`` table (`mrtr_keys.audit.stores.key_usage`), one row a kid and process. For a kid
+the instance seals with (the primary, and the key a rotation has begun), the row's ``seals`` is a
+**reservation**: the seals counted plus a block reserved ahead, written before the block is used (the reporter
+is woken when half of it is gone, `KidTally.mark`, and reserves the next). So a process killed with SIGKILL
+leaves at most its last block unused but counted, never a seal uncounted; a block is sized for about
+`HORIZON` seconds of the observed rate and is at most 1 % of the key's budget (`mrtr_keys.ring.budgets.block_of`),
+so reservations alone never carry a key past a threshold. A kid the process no longer seals with (after a
+promote) is written back to its exact count once it stops sealing; a clean stop writes every count exact and
+folds the rows into the kid's settled row.
+
+Limits (docs/rotation.md, "Rotating by use"): seals past the reservation while the store cannot be written (an
+outage: sealing never waits for it) are counted in memory and written when it answers again; a process killed
+during such an outage loses those. Unseal and rejection counts are written as they stand each round (a kill
+loses at most the last round's): over-counting them would hide that a retiring key is idle.
+
+The reporter also reads the fleet-wide totals back each round (`totals`), warns once at `WARN_AT` of a key's
+budget and once past it (the kid then joins `mrtr_keys.codecs.usage.over_budget`: its seals carry the audit
+reason ``over-budget``; sealing never stops), and says when it last succeeded (`last_success`, `error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
+from mrtr_keys.codecs.usage import NEVER, KidTally, enabled, over_budget, usage_for
+from mrtr_keys.errors import AuditError
+from mrtr_keys.ring.budgets import WARN_AT, block_of, budget_of
+from mrtr_keys.ring.model import KeyRing, KeyState
+
+if TYPE_CHECKING:
+    from mrtr_keys.audit.stores.base import AuditStore
+
+log = logging.getLogger("mrtr_keys.usage")
+
+DEFAULT_EVERY = 1.0
+"""Seconds between two rounds when nothing wakes the reporter sooner."""
+HORIZON = 5.0
+"""Seconds of the observed seal rate a reservation block covers (then capped at 1 % of the budget)."""
+MIN_BLOCK = 100
+"""Smallest reservation block, in seals (unless 1 % of the budget is smaller)."""
+SETTLE_AFTER = 3600.0
+"""Seconds after which the rows of a silent source (a killed process) are folded into the settled row."""
+SETTLE_EVERY = 600.0
+"""Seconds between two settles of silent sources by one reporter."""
+
+RingSource = Callable[[], "KeyRing | None"]
+"""Returns the ring a codec (or the sidecar) has loaded now, or None once it is gone."""
+
+
+@dataclass
+class _Kid:
+    """What the reporter knows of one kid of one ring in this process."""
+
+    reserved: int = 0
+    """``seals`` as last written (the store holds this for our source)."""
+    block: int = 0
+    seen: int = 0
+    """The seal count at the last round."""
+    at: float = field(default_factory=time.monotonic)
+    rate: float = 0.0
+    """Seals a second, smoothed over the rounds."""
+    written: tuple[int, int, int, int] | None = None
+    """(seals, sealed, unseals, rejections) as last written."""
+
+
+class UsageReporter:
+    """Writes this process's counts of the rings it watches into `store` (see the module docstring).
+
+    Args:
+        store: the presence (audit) store.
+        instance: the instance name (`mrtr_keys.fleet.instances.instance_name`); the source is
+            ``NAME#RANDOM``, one per process.
+        every: seconds between rounds.
+        clock: POSIX time source for ``updated`` (tests inject one).
+    """
+
+    def __init__(
+        self, store: AuditStore, *, instance: str, every: float = DEFAULT_EVERY, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.instance = instance
+        self.source = f"{instance}#{secrets.token_hex(4)}"
+        self.every = every
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._sources: list[RingSource] = []
+        self._kids: dict[tuple[str, str], _Kid] = {}
+        self._warned: set[tuple[str, str, str]] = set()
+        self._listening: set[str] = set()
+        self._settled_at = 0.0
+        self._thread: threading.Thread | None = None
+        self.stopped = False
+        self.totals: dict[str, dict[str, KidTotals]] = {}
+        """ring_id -> kid -> fleet-wide `KidTotals`, as last read."""
+        self.last_success: float | None = None
+        """POSIX time of the last round that wrote and read the store."""
+        self.error: str | None = None
+
+    def __repr__(self) -> str:
+        return f"UsageReporter({self.source!r}, store={self.store.url!r})"
+
+    def watch(self, source: RingSource) -> None:
+        """Report on the ring `source` returns too, and run a round now (synchronously, bounded by the store's
+        deadline), so the primary holds a reservation before the first token is sealed. Nothing with counting
+        off (`mrtr_keys.codecs.usage.ENV_SEAL_COUNTS`)."""
+        if not enabled():
+            return
+        with self._lock:
+            self._sources.append(source)
+        self.run_round()
+
+    def start(self) -> UsageReporter:
+        """Start the background thread (daemon). Returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"mrtr-keys-usage-{self.instance}", daemon=True)
+            self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        """Run a round soon (a tally reached its mark); never blocks."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            self._wake.wait(self.every)
+            self._wake.clear()
+            if self.stopped:
+                return
+            try:
+                self.run_round()
+            except Exception:  # the loop must survive anything; the next round tries again
+                log.exception("seal count round failed")
+
+    def rings(self) -> list[KeyRing]:
+        """The rings watched now (one per ``ring_id``: the newest generation any source has loaded)."""
+        found: dict[str, KeyRing] = {}
+        with self._lock:
+            alive = []
+            for source in self._sources:
+                ring = source()
+                if ring is None:
+                    continue
+                alive.append(source)
+                old = found.get(ring.ring_id)
+                if old is None or ring.generation > old.generation:
+                    found[ring.ring_id] = ring
+            self._sources = alive
+        return list(found.values())
+
+    def run_round(self, *, final: bool = False) -> bool:
+        """Write what changed (reserving ahead for the kids this process seals with; `final`: every count exact,
+        state ``stopped``) and read the totals back. False if the store could not be written or read (logged
+        once per message; the next round tries again)."""
+        with self._lock:
+            rings = self.rings()
+            settle = not final and time.monotonic() - self._settled_at >= SETTLE_EVERY
+            try:
+                for ring in rings:
+                    self._round(ring, final=final)
+                    if final:
+                        self.store.settle_usage(ring.ring_id, source=self.source)
+                    elif settle:
+                        self.store.settle_usage(ring.ring_id, before=format_ts(self._clock() - SETTLE_AFTER))
+                if settle:
+                    self._settled_at = time.monotonic()
+            except Exception as exc:  # AuditError, or a store closed under us
+                self._failed(exc)
+                return False
+            if self.error is not None:
+                log.warning("seal counts written again (instance %s)", self.instance)
+            self.error = None
+            self.last_success = self._clock()
+            return True
+
+    def _round(self, ring: KeyRing, *, final: bool) -> None:
+        usage = usage_for(ring.ring_id)
+        if ring.ring_id not in self._listening:
+            self._listening.add(ring.ring_id)
+            usage.listen(self.wake)
+        sealers = _sealers(ring)
+        now, mono = format_ts(self._clock()), time.monotonic()
+        rows: list[UsageRow] = []
+        marks: list[tuple[KidTally, int]] = []
+        for tally in usage.tallies():
+            kid = tally.kid
+            st = self._kids.setdefault((ring.ring_id, kid), _Kid())
+            sealed, unseals, rejections = tally.seals, tally.unseals, tally.rejections
+            key = ring.lookup(kid)
+            if mono > st.at:
+                now_rate = (sealed - st.seen) / (mono - st.at)
+                st.rate = now_rate if st.rate == 0.0 else 0.5 * st.rate + 0.5 * now_rate
+            quiet = sealed == st.seen
+            st.seen, st.at = sealed, mono
+            seals, block, mark = sealed, 0, NEVER
+            if key is not None and kid in sealers and not final:
+                cap = block_of(budget_of(ring, key))
+                want = min(cap, max(MIN_BLOCK, math.ceil(st.rate * HORIZON)))
+                if sealed + want // 2 >= st.reserved:  # under half a block left (or past it): the next block
+                    seals, block = sealed + want, want
+                else:
+                    seals, block = st.reserved, st.block
+                mark = seals - block // 2 + 1
+            elif not final and not quiet:  # no longer a sealer but still sealing (in flight): keep what it has
+                seals = max(st.reserved, sealed)
+            values = (seals, sealed, unseals, rejections)
+            if values != st.written and (st.written is not None or any(values)):  # a row to write, or to correct
+                rows.append(
+                    UsageRow(
+                        ring.ring_id,
+                        kid,
+                        self.source,
+                        self.instance,
+                        seals,
+                        sealed,
+                        unseals,
+                        rejections,
+                        seals - sealed,
+                        now,
+                        STOPPED if final else RUNNING,
+                    )
+                )
+            marks.append((tally, mark))
+            st.block = block
+        try:
+            self.store.put_usage(rows)
+        except Exception:
+            for tally, _ in marks:
+                tally.mark = NEVER  # no wake storm while the store is down: the next round tries again
+            raise
+        for row in rows:
+            st = self._kids[(ring.ring_id, row.kid)]
+            st.reserved, st.written = row.seals, (row.seals, row.sealed, row.unseals, row.rejections)
+        for tally, mark in marks:
+            tally.mark = mark
+        self.totals[ring.ring_id] = totals(self.store.usage_rows(ring.ring_id))
+        self._judge(ring)
+
+    def _judge(self, ring: KeyRing) -> None:
+        """Warn once at `WARN_AT` of a usable key's budget and once past it; keep `over_budget` current."""
+        found = self.totals.get(ring.ring_id, {})
+        for key in ring.keys:
+            t = found.get(key.kid)
+            if t is None:
+                continue
+            budget = budget_of(ring, key)
+            fraction = t.seals / budget
+            if fraction >= 1.0:
+                over_budget.add(key.kid)
+            else:
+                over_budget.discard(key.kid)
+            if key.state is KeyState.RETIRED or key.state is KeyState.REVOKED:
+                continue
+            for level, at in (("half", WARN_AT), ("over", 1.0)):
+                if fraction >= at and (ring.ring_id, key.kid, level) not in self._warned:
+                    self._warned.add((ring.ring_id, key.kid, level))
+                    log.warning("%s", budget_note(key.kid, t.seals, budget))
+
+    def _failed(self, exc: BaseException) -> None:
+        if not isinstance(exc, AuditError | OSError):
+            exc = AuditError(f"{type(exc).__name__}: {exc}")
+        if str(exc) != self.error:
+            log.warning("seal counts not written (instance %s): %s", self.instance, exc)
+        self.error = str(exc)
+
+    def stop(self) -> None:
+        """Write every count exact (state ``stopped``), fold this process's rows into the settled ones, and end
+        the thread (once)."""
+        with self._lock:
+            if self.stopped:
+                return
+            self.stopped = True
+            self._wake.set()
+            self.run_round(final=True)
+            for ring_id in self._listening:
+                usage_for(ring_id).unlisten(self.wake)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(3.0)
+
+
+def budget_note(kid: str, seals: int, budget: int) -> str:
+    """The one sentence about a key's use of its budget: what the warning, ``fleet status`` and ``/readyz``
+    say (e.g. ``key 1a2b3c4d has used 2,048 of its seal budget of 4,000 (51 %) fleet-wide; rotate it: mrtr-keys
+    rotate next --if-used-over 0.5``). `seals` is the fleet-wide count, reservations included (never below the
+    seals made)."""
+    fraction = seals / budget
+    head = f"key {kid} has used {seals:,} of its seal budget of {budget:,} ({math.floor(fraction * 100)} %) fleet-wide"
+    if fraction >= 1.0:
+        return f"{head}: past its budget, still sealing (its seals are audited 'over-budget'); rotate it now"
+    return f"{head}; rotate it: mrtr-keys rotate next --if-used-over {WARN_AT:g}"
+
+
+def _sealers(ring: KeyRing) -> set[str]:
+    """The kids a process may seal with: the primary, and a key a rotation has begun (promote makes it the
+    primary, and its reservation is then already in place)."""
+    begun = {k.kid for k in ring.keys if k.state is KeyState.VERIFY and k.demoted_at is None}
+    return {ring.primary.kid} | begun
+
+
+NO_STORE = (
+    "seal counts: no presence store for this key ring (auditing off), so each instance counts its own seals "
+    "(its /metrics or OpenTelemetry); there is no fleet-wide total"
+)
+"""The one line the CLI prints instead of fleet-wide counts when there is no presence store."""
+
+
+@dataclass(frozen=True)
+class UsageView:
+    """A ring's fleet-wide counts as the CLI shows them: `totals` from the presence store, or None with `note`."""
+
+    totals: dict[str, KidTotals] | None
+    note: str | None = None
+
+    def of(self, ring: KeyRing, kid: str) -> dict[str, Any]:
+        """``seals``, ``unseals``, ``rejections`` (fleet-wide, None when unknown), ``budget`` and ``used`` (the
+        fraction of the budget sealed, None when unknown) of key `kid` of `ring`."""
+        key = ring.lookup(kid)
+        budget = budget_of(ring, key) if key is not None else None
+        t = None if self.totals is None else self.totals.get(kid)
+        known = self.totals is not None
+        seals = t.seals if t is not None else (0 if known else None)
+        return {
+            "seals": seals,
+            "unseals": t.unseals if t is not None else (0 if known else None),
+            "rejections": t.rejections if t is not None else (0 if known else None),
+            "budget": budget,
+            "used": None if seals is None or not budget else round(seals / budget, 6),
+        }
+
+
+def read_usage(store: AuditStore | None, ring: KeyRing) -> UsageView:
+    """The fleet-wide counts of `ring` in `store` (the presence store; None: there is none, `NO_STORE`).
+    A store that cannot be read gives a note saying so, never an error (the keys are still shown)."""
+    if store is None:
+        return UsageView(None, NO_STORE)
+    try:
+        return UsageView(totals(store.usage_rows(ring.ring_id)))
+    except AuditError as exc:
+        return UsageView(None, f"seal counts unavailable: {exc}")

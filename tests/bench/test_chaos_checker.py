@@ -1,0 +1,115 @@
+"""The chaos checker's rules (`bench.chaos.checker`, issue 40, docs/reliability.md) on hand-made evidence.
+
+Each violation names its time, the faults active then and the evidence; what the design allows is counted by
+reason instead (a replay store down under ``on_store_error="deny"``, the losing copy of a race, a round
+older than the TTL), as is a failure on an instance that was killed or paused at that moment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.chaos.audit_check import AuditIndex, Event
+from bench.chaos.checker import Checker
+from bench.chaos.fleet import Life, Member
+from bench.chaos.nemesis import Applied, Timeline
+from bench.chaos.schedule import Fault
+from bench.chaos.traffic import Round
+
+T = 1_000_000.0
+PIDS = {"mcp-1": 101, "mcp-2": 102}
+
+
+def _fp(token: str) -> str:
+    return "fp-" + token
+
+
+def _checker(*applied: Applied) -> Checker:
+    members = {
+        name: Member(name, "mcp", [], {}, 0, Path("."), {}, lives=[Life(pid, T - 100)]) for name, pid in PIDS.items()
+    }
+    return Checker(members, Timeline(list(applied)), ttl=30.0)
+
+
+def _round(outcome: str, detail: str = "", **kw: object) -> Round:
+    r = Round("mcp", "mcp-1", "mcp-2", t0=T, t_sealed=T + 0.1, t_open=T + 0.4, outcome=outcome, token="tok")
+    r.t1, r.detail = T + 0.6, detail
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def _index(reason: str | None, pid: int = 102) -> AuditIndex:
+    index = AuditIndex()
+    if reason is not None:
+        index.by_fingerprint["fp-tok"] = [Event("fp-tok", T + 0.5, pid, "unseal", "rejected", reason, "k1")]
+    return index
+
+
+def _fault(kind: str, target: str, at: float, until: float, dependency: str | None = None) -> Applied:
+    return Applied(Fault(at - T, kind, target, until - at, dependency), began=at, ended=until)
+
+
+def test_a_round_failed_on_a_paused_instance_is_counted_not_a_violation() -> None:
+    checker = _checker(_fault("pause", "mcp-2", T + 0.2, T + 5))
+    checker.classify_rounds([_round("failed", "ReadTimeout: ", stage="open")], _index(None), _fp)
+    assert checker.violations == []
+    assert checker.failures == {"connection error to a killed or paused instance": 1}
+
+
+def test_a_round_failed_on_a_healthy_instance_is_a_violation_naming_the_faults_and_the_evidence() -> None:
+    checker = _checker(_fault("slow", "mcp-2", T - 1, T + 5, "audit"))
+    checker.classify_rounds([_round("failed", "ConnectError: refused", stage="open")], _index(None), _fp)
+    [v] = checker.violations
+    assert v.what == "mcp round failed at open on mcp-2"
+    assert v.faults == ["-1.0 s slow audit/mcp-2 for 6 s"]
+    assert v.evidence == "ConnectError: refused"
+
+
+def test_a_rejection_for_a_replay_store_down_is_by_design_only_while_the_link_is_faulted() -> None:
+    rejected = _round("rejected", "-32602 Invalid or expired requestState")
+    down = _checker(_fault("blackhole", "mcp-2", T - 3, T + 2, "replay"))
+    down.classify_rounds([rejected], _index("replay store unavailable"), _fp)
+    assert down.violations == []
+    assert down.rejections == {"replay store down (on_store_error=deny)": 1}
+    healthy = _checker()
+    healthy.classify_rounds([rejected], _index("replay store unavailable"), _fp)
+    assert [v.what for v in healthy.violations] == ["mcp round 2 rejected on mcp-2"]
+
+
+def test_a_rejection_for_a_retired_or_unknown_key_is_a_violation() -> None:
+    checker = _checker(_fault("cut", "all", T - 3, T + 2, "keystore"))
+    checker.classify_rounds([_round("rejected", "-32602 Invalid or expired requestState")], _index("retired kid"), _fp)
+    [v] = checker.violations
+    assert "'retired kid'" in v.evidence and v.faults == ["-3.0 s cut keystore/all for 5 s"]
+
+
+def test_an_accepted_forgery_and_a_token_served_twice_in_a_race_are_violations() -> None:
+    forged = _round("accepted", kind="replay")
+    first, second = _round("ok", kind="race", twin=1), _round("ok", kind="race", twin=0)
+    checker = _checker()
+    checker.classify_rounds([forged], _index(None), _fp)
+    checker.classify_rounds([first, second], _index(None), _fp)
+    assert [v.what for v in checker.violations] == [
+        "a replayed token was accepted by mcp-2",
+        "both copies of a raced token were served",
+    ]
+
+
+def test_the_losing_copy_of_a_race_is_rejected_by_design() -> None:
+    won, lost = _round("ok", kind="race", twin=1), _round("rejected", "-32602 x", kind="race", twin=0)
+    checker = _checker()
+    checker.classify_rounds([won, lost], _index("replayed"), _fp)
+    assert checker.violations == []
+    assert checker.rejections == {"single-use replay (the other copy of a race won)": 1}
+
+
+def test_a_raw_sidecar_token_replayed_after_its_record_expired_is_counted_apart_not_before() -> None:
+    """docs/single-use.md: a payload without ``exp`` is single-use for the ring's TTL + 60 s after its first use."""
+    late = _round("accepted", "sidecar", kind="replay", t_sealed=T - 95, t_open=T)
+    early = _round("accepted", "sidecar", kind="replay", t_sealed=T - 30, t_open=T)
+    enveloped = _round("accepted", "mcp", kind="replay", t_sealed=T - 95, t_open=T)
+    checker = _checker()
+    checker.classify_rounds([late, early, enveloped], _index(None), _fp)
+    assert [v.what for v in checker.violations] == ["a replayed token was accepted by mcp-2"] * 2
+    assert checker.forger == {"replay accepted, no exp and its record expired (by design)": 1, "replay accepted": 2}

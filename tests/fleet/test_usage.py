@@ -1,0 +1,209 @@
+"""Fleet-wide seal counts that are never below the truth (`mrtr_keys.fleet.usage`, issue 36).
+
+Each test drives one `UsageReporter` by hand (`run_round`, no thread) over a real SQLite presence store and a
+real codec of this process, whose token core counts every seal, unseal and rejection (`mrtr_keys.codecs.usage`).
+What a user sees is the store's ``key_usage`` rows and their totals (what ``keys list`` and ``fleet status``
+print); the process-level runs (PostgreSQL, SIGKILL, sidecars) are in tests/e2e/test_usage_fleet.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.server.mcpserver import InvalidRequestState
+
+from mrtr_keys.audit.stores.key_usage import SETTLED, totals
+from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.changes.create import create_ring
+from mrtr_keys.changes.rotation import run_step
+from mrtr_keys.codecs.local import LocalAESGCMCodec
+from mrtr_keys.codecs.usage import NEVER, OVER_BUDGET, over_budget, usage_for
+from mrtr_keys.errors import AuditUnavailable
+from mrtr_keys.fleet.usage import MIN_BLOCK, UsageReporter
+from mrtr_keys.keystores.file import FileKeystore
+from mrtr_keys.ring.budgets import block_of, budget_of
+
+AUD = "billing"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[FileKeystore, Any]]:
+    keystore = FileKeystore(tmp_path / "keyring.json")
+    create_ring(keystore)
+    store = open_store(f"sqlite://{tmp_path / 'audit.db'}")
+    yield keystore, store
+    store.close()
+
+
+def _reporter(store: Any, codec: LocalAESGCMCodec, name: str = "pod-a") -> UsageReporter:
+    reporter = UsageReporter(store, instance=name)
+    reporter.watch(lambda: codec.ring)  # one round at once: the primary is reserved before it seals
+    return reporter
+
+
+def _totals(store: Any, codec: LocalAESGCMCodec) -> dict[str, Any]:
+    return totals(store.usage_rows(codec.ring.ring_id))
+
+
+def test_the_primary_is_reserved_before_it_seals_and_the_total_is_never_below_the_truth(fleet: Any) -> None:
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    kid = codec.ring.primary.kid
+    first = _totals(store, codec)[kid]
+    assert (first.sealed, first.seals) == (0, MIN_BLOCK)  # reserved ahead, nothing sealed yet
+    tokens = [codec.seal(b"x") for _ in range(250)]  # past the first block without a round: the core wakes it
+    assert reporter._wake.is_set()  # one comparison on the hot path asked for the next block
+    for token in tokens[:50]:
+        codec.unseal(token)
+    with pytest.raises(InvalidRequestState):
+        codec.unseal(tokens[0][:-2] + ("BA" if tokens[0].endswith("AA") else "AA"))
+    assert reporter.run_round()
+    t = _totals(store, codec)[kid]
+    assert (t.sealed, t.unseals, t.rejections) == (250, 50, 1)
+    assert 250 <= t.seals <= 250 + t.blocks and t.blocks <= block_of(budget_of(codec.ring, codec.ring.primary))
+    assert reporter.totals[codec.ring.ring_id][kid] == t  # what the instance itself reports (metrics, /readyz)
+
+
+def test_a_killed_process_leaves_its_reservation_counted_until_it_is_settled(fleet: Any) -> None:
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    killed = _reporter(store, codec, "pod-killed")
+    for _ in range(40):
+        codec.seal(b"x")  # within its reservation: no round needed
+    # SIGKILL here: no final round. The row still holds the reservation, which covers every seal made.
+    (row,) = store.usage_rows(codec.ring.ring_id)
+    assert row.state == "running" and row.seals >= 40 >= row.seals - row.block
+    # Much later a reporter folds the silent source into the settled row, reservation and all.
+    assert store.settle_usage(codec.ring.ring_id, before="9999-12-31T00:00:00.000000Z") == 1
+    (settled,) = store.usage_rows(codec.ring.ring_id)
+    assert (settled.source, settled.seals, settled.sealed) == (SETTLED, row.seals, row.sealed)
+    assert killed.source != SETTLED
+
+
+def test_a_clean_stop_writes_the_exact_count_and_folds_it_into_the_settled_row(fleet: Any) -> None:
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    other = LocalAESGCMCodec(keystore, audience="payments")  # another audience, the same kid: one count
+    kid = codec.ring.primary.kid
+    reporter = _reporter(store, codec)
+    for _ in range(7):
+        codec.unseal(other.unseal(other.seal(b"x")) and codec.seal(b"y"))
+    reporter.stop()
+    (row,) = store.usage_rows(codec.ring.ring_id)
+    assert (row.source, row.kid, row.seals, row.sealed, row.unseals, row.block) == (SETTLED, kid, 14, 14, 14, 0)
+
+
+def test_an_old_primary_settles_to_its_exact_count_once_it_stops_sealing(fleet: Any) -> None:
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    old = codec.ring.primary.kid
+    for _ in range(30):
+        codec.seal(b"x")
+    begun = run_step(keystore, "begin")
+    assert codec.reload() and reporter.run_round()
+    new = begun.details["new"]
+    assert _totals(store, codec)[new].seals == MIN_BLOCK  # the begun key is reserved before promote makes it seal
+    run_step(keystore, "promote")
+    assert codec.reload()
+    codec.seal(b"z")
+    reporter.run_round()  # the old key sealed nothing since: its reservation is given back
+    t = _totals(store, codec)
+    assert (t[old].seals, t[old].sealed) == (30, 30)
+    assert t[new].sealed == 1 and t[new].seals >= 1
+
+
+class FlakyStore:
+    """The presence store, refusing every key_usage write while `down` (an outage)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.down = inner, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def put_usage(self, rows: Any) -> None:
+        if self.down:
+            raise AuditUnavailable("cannot write to the audit store: connection refused")
+        self.inner.put_usage(rows)
+
+
+def test_a_store_outage_never_stops_sealing_and_the_counts_arrive_when_it_is_back(
+    fleet: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    keystore, inner = fleet
+    store = FlakyStore(inner)
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    kid = codec.ring.primary.kid
+    store.down = True
+    with caplog.at_level(logging.WARNING, logger="mrtr_keys.usage"):
+        assert not reporter.run_round()
+        assert not reporter.run_round()
+    assert reporter.error and "connection refused" in reporter.error
+    assert [r.message for r in caplog.records].count(f"seal counts not written (instance pod-a): {reporter.error}") == 1
+    assert usage_for(codec.ring.ring_id).kid(kid).mark == NEVER  # nothing to wake while it is down: no wake storm
+    for _ in range(300):
+        codec.seal(b"x")  # past the reservation, sealing goes on
+    store.down = False
+    assert reporter.run_round() and reporter.error is None
+    t = _totals(inner, codec)[kid]
+    assert t.sealed == 300 and t.seals >= 300
+
+
+def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.factory import request_state_security
+
+    keystore = FileKeystore(tmp_path / "keyring.json")
+    create_ring(keystore)
+    ring = keystore.load()
+    keystore.save(replace(ring.next_generation(), seal_budget=400), expected_generation=ring.generation)
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+    codec: Any = request_state_security(keystore, audience=AUD, audit=url, instance="pod-b", reload_every=0).codec
+    reporter = codec.presence.usage()
+    kid = codec.ring.primary.kid
+    assert block_of(400) == 4  # 1 % of the budget: reservations alone never cross a threshold
+    try:
+        with caplog.at_level(logging.WARNING, logger="mrtr_keys.usage"):
+            for _ in range(200):
+                codec.seal(b"x")
+            reporter.run_round()
+            reporter.run_round()
+        said = [r.message for r in caplog.records if r.name == "mrtr_keys.usage"]
+        assert len(said) == 1 and said[0].startswith(f"key {kid} has used 20"), said
+        assert (
+            "of its seal budget of 400 (5" in said[0]
+            and "rotate it: mrtr-keys rotate next --if-used-over 0.5" in said[0]
+        )
+        for _ in range(201):
+            codec.seal(b"x")
+        reporter.run_round()
+        assert kid in over_budget
+        codec.seal(b"past it")  # sealing never stops
+        assert codec._observer.sink.flush(timeout=10)
+        seals = open_store(url).query(Query(op="seal"))
+        assert seals[-1].event.reason == OVER_BUDGET and seals[0].event.reason is None
+    finally:
+        over_budget.discard(kid)
+        codec.presence.stop()
+
+
+def test_a_process_that_stops_before_it_seals_gives_its_reservation_back(fleet: Any) -> None:
+    """A process that reserved ahead (at start) and stopped without sealing: its final round writes 0, so the
+    settled row holds nothing it never sealed (a port-taken restart does this)."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    assert _totals(store, codec)[codec.ring.primary.kid].seals == MIN_BLOCK
+    reporter.stop()
+    t = _totals(store, codec)[codec.ring.primary.kid]
+    assert (t.seals, t.sealed, t.blocks) == (0, 0, 0)
