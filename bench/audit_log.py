@@ -3,7 +3,8 @@
 Items are what a sidecar queues (seal and unseal of real tokens, a rejected unseal now and then),
 turned into rows by `mrtr_keys.audit.items.item_rows` (fingerprints by the real HMAC), linked by
 `mrtr_keys.audit.chain.ChainWriter.link_rows` and stored with the store's own `append_rows`, in
-transactions of 2 000 events (the writer's `MAX_TX_EVENTS`), on `chains` chains taking turns.
+transactions of 2 000 events (the writer's `MAX_TX_EVENTS`), on `chains` chains taking turns, with
+keyed links (`mrtr_keys.audit.chain_key`) and the store's switch to them recorded, as a writer does.
 Only the codec's sealing is skipped (a few dozen real tokens are reused), which is not part of
 what is stored. About 150,000 events/s into SQLite on a 2-core machine.
 """
@@ -42,12 +43,18 @@ def fill(
     chains: int = 3,
     tx: int = TX,
     host: str = "bench-host",
+    audit_key: bytes | None = None,
+    keyed: bool = True,
 ) -> None:
     """Append `events` genuine events to the store at `url`, their times spread evenly over
     `span` seconds from `start` (default: `span` ago, so the newest are about now), in
-    transactions of `tx` events on `chains` new chains named after `host`."""
+    transactions of `tx` events on `chains` new chains named after `host`. Fingerprints and links
+    use `audit_key` (default: the file ``MRTR_KEYS_AUDIT_KEY_FILE`` names, else a random key); links
+    are keyed unless `keyed` is False (a store as the release before keyed links wrote it)."""
+    from mrtr_keys.audit import switch
     from mrtr_keys.audit.chain import ChainWriter
-    from mrtr_keys.audit.fingerprint import Fingerprinter
+    from mrtr_keys.audit.chain_key import ChainKey
+    from mrtr_keys.audit.fingerprint import Fingerprinter, load_shared_audit_key, shared_key_file
     from mrtr_keys.audit.items import item_rows
     from mrtr_keys.audit.stores.url import open_store
 
@@ -55,8 +62,14 @@ def fill(
     begin = time.time() - span if start is None else start
     step = span / max(events, 1)
     store = open_store(url)
-    fingerprinter = Fingerprinter(os.urandom(32))
-    writers = [ChainWriter(f"{host}:{100 + n}:20260101T000000.000000Z#1/p0") for n in range(chains)]
+    shared = shared_key_file()
+    if audit_key is None:
+        audit_key = load_shared_audit_key(shared) if shared else os.urandom(32)
+    fingerprinter = Fingerprinter(audit_key)
+    key = ChainKey(audit_key, fleet=True) if keyed else None
+    if key is not None:
+        switch.ensure(store, key)
+    writers = [ChainWriter(f"{host}:{100 + n}:20260101T000000.000000Z#1/p0", key) for n in range(chains)]
     cache: dict[str, str] = {}
     try:
         done = 0

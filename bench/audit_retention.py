@@ -176,8 +176,10 @@ def run(services: Services, settings: Settings) -> list[Row]:
     home = services.workdir / "audit-retention"
     home.mkdir()
     pristine, db, cps = home / "filled.db", home / "audit.db", home / "checkpoints.jsonl"
-    fill(f"sqlite://{pristine}", n)
     secret = _ring(home)
+    from mrtr_keys.audit.fingerprint import load_audit_key
+
+    fill(f"sqlite://{pristine}", n, audit_key=load_audit_key(home))  # the sidecar's own key (beside its ring)
     label = f"{n:,} events over 40 days"
     results = []
     for _ in range(rounds):  # each round on a fresh copy of the filled store

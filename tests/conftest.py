@@ -57,6 +57,7 @@ LONG_FIRST = (
     ("e2e/test_paused_instance.py::test_an_instance_cut_from_keystore_and_audit_store_for_40_s_rejects", 120),
     ("e2e/test_paused_instance.py", 40),
     ("e2e/test_fleet_controls.py", 80),
+    ("e2e/test_revoke_fleet.py::test_a_revoked_primary_dies_on_every_instance_within_3_s_under_traffic[vault-kv]", 75),
     ("docs/test_doc_commands.py", 70),
     ("bench/test_chaos.py", 75),
     ("bench/test_bench_fleet.py", 70),  # before "bench/": the first prefix that matches names the unit
@@ -65,6 +66,7 @@ LONG_FIRST = (
     ("e2e/test_adopt_sdk.py", 58),
     ("e2e/test_kms_rotation.py", 55),
     ("e2e/test_kek_kms.py", 45),
+    ("e2e/test_revoke_fleet.py", 30),
     ("keystores/test_concurrency.py", 50),
     ("e2e/test_gray_replay.py::test_a_library_unseal_fails_closed_within_the_deadline_while_the_store_is_silent", 48),
     ("e2e/test_vault_rotation.py", 47),
@@ -76,7 +78,10 @@ LONG_FIRST = (
     ("e2e/test_audit_memory.py", 40),
     ("e2e/test_audit_flaps.py::test_forty_flaps", 32),
     ("e2e/test_audit_flaps.py::test_a_sidecar_whose_audit_store_flaps", 32),
+    ("e2e/test_revoke_cut_off.py", 25),
     ("audit/test_concurrent_start.py", 24),
+    ("e2e/test_usage_fleet.py", 30),
+    ("e2e/test_usage_budget.py", 20),
     # the fast loop's longest (pytest -m "not e2e"): started first, so none of them is left running alone at the end
     ("service/test_fence_sidecar.py::test_a_sidecar_that_missed_a_promote_opens_the_new_key_after_one_look", 5),
     ("replay/test_stores.py::test_a_postgres_connect_that_timed_out_leaves_no_socket_open", 4),

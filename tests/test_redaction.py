@@ -162,7 +162,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_a_checkpoint_record_carries_no_password_however_the_query_spells_its_name(
-    postgres_url: str, tmp_path: Path
+    postgres_url: str, tmp_path: Path, audit_key: bytes
 ) -> None:
     """libpq decodes a query parameter's name too, so ``?pass%77ord=`` is its password: the URL a
     checkpoint records (``store``) must not keep it (it is written to a file, not scrubbed)."""

@@ -286,6 +286,8 @@ def request_state_security(
     audience: str,
     ttl: float = 600.0,
     audit: str | Literal[False] | None = None,
+    audit_anchor: str | Literal[False] | None = None,
+    audit_anchor_every: float | None = None,
     sidecar: str | None = None,
     secret: str | None = None,
     single_use: str | None = None,
@@ -304,6 +306,9 @@ def request_state_security(
         audit: where seals and unseals are recorded (docs/audit.md): None for ``MRTR_KEYS_AUDIT``,
             else the SQLite file ``audit.db`` in the ring's state directory (``MRTR_KEYS_STATE_DIR``);
             a store URL (``sqlite:///PATH``, ``postgresql://...``, ``jsonl:///PATH``); or False for none.
+        audit_anchor: where this process anchors the heads of its audit chains, MACed, every
+            `audit_anchor_every` seconds (default 300): a file, a directory or ``s3://BUCKET/PREFIX``
+            (docs/audit.md, Anchors); None for ``MRTR_KEYS_AUDIT_ANCHOR`` (unset: off), False for off.
         sidecar: seal through a sealing sidecar instead (``http://127.0.0.1:8750`` or
             ``unix:///PATH``; docs/sidecar.md): no key material in this process, `keystore` and `audit`
             unused (the sidecar audits); `secret` is the client's bearer secret (default:
@@ -343,6 +348,13 @@ def request_state_security(
         store = as_keystore(keystore)
         options["observer"] = observer_for(store.directory, audience=audience, audit=audit)
         keystore = store
+        sink = getattr(options["observer"], "sink", None)
+        if sink is not None and audit_anchor is not False:
+            from mrtr_keys.audit.anchor import anchor_sink, configured
+
+            dest, every = configured(audit_anchor, audit_anchor_every)
+            if dest is not None:
+                anchor_sink(sink, dest, every)
     deferred = defer_observer(options, single_use)
     codec = open_codec(keystore, audience=audience, **options)
     ring = getattr(codec, "ring", None)

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from bench.audit_log import DAY, fill
 
 from tests.fixtures.audit import cli
-from tests.fixtures.moto_kms import AWS_UNSET, REGION, aws_env
+
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
 
 EVENTS = 12_000
 
@@ -126,16 +127,6 @@ def test_bad_archive_locations_are_one_line_errors(tmp_path: Path) -> None:
         assert res.code != 0 and text in res.err and "Traceback" not in res.err, res.err
 
 
-@pytest.fixture
-def s3(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """An S3 client on the moto server, this process's AWS environment pointing at it."""
-    for name in AWS_UNSET:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in aws_env(moto_server).items():
-        monkeypatch.setenv(name, value)
-    return boto3.session.Session().client("s3", endpoint_url=moto_server, region_name=REGION)
-
-
 def test_archive_to_s3_with_object_lock_then_verify_and_tampering(s3: Any, tmp_path: Path) -> None:
     bucket = f"audit-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
@@ -191,3 +182,25 @@ def test_without_retain_days_the_bucket_default_retention_applies_and_is_named(s
     assert result["retention"] == "Object Lock COMPLIANCE, 1 day(s) (the bucket's default retention)"
     code, out = _verify(url, tmp_path / "cps.jsonl", f"s3://{bucket}")
     assert code == 0, out
+
+
+def test_one_checkpoint_file_naming_two_archive_locations_verifies(
+    archived: tuple[str, Path, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """An archive that moved: the first run to one directory, the next to another, both recorded in one
+    checkpoint file. The newer location's manifest names the older one's (``previous.location``), and
+    verify follows it there: from the newer location alone, or with both named, in either order."""
+    url, cps, first, _ = archived
+    second = tmp_path / "moved"
+    result = _archive(url, cps, str(second), "20d")
+    assert result["archived"] > 0
+    records = [json.loads(line) for line in cps.read_text().splitlines()]
+    assert [r["archive"]["location"] for r in records if "archive" in r] == [str(first), str(second)]
+    for where in ([str(second)], [str(second), str(first)], [str(first), str(second)]):
+        args = [a for w in where for a in ("--from-archive", w)]
+        res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), *args)
+        assert res.code == 0 and res.out.startswith(f"ok: {EVENTS} records in 3 chains"), res.out + res.err
+        assert "from 2 manifests" not in res.out and "in 2 manifests at" in res.out, res.out
+    shutil.rmtree(first)  # the older location gone: one line, not a pass
+    code, out = _verify(url, cps, str(second))
+    assert code == 1 and f"in another archive location, {first}, which cannot be read here" in out, out

@@ -24,13 +24,16 @@ from bench.audit_log import fill
 
 from tests.fixtures.audit import cli
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 
 @pytest.fixture(scope="module")
-def _archived_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _archived_once(tmp_path_factory: pytest.TempPathFactory, fleet_key_file: Path) -> Path:
     root = tmp_path_factory.mktemp("archived")
     url, cps = f"sqlite://{root}/audit.db", root / "cps.jsonl"
-    fill(url, 1_500, tx=100)
     with pytest.MonkeyPatch.context() as mp:  # the archive goes to the relative ``arch``
+        mp.setenv("MRTR_KEYS_AUDIT_KEY_FILE", str(fleet_key_file))
+        fill(url, 1_500, tx=100)
         mp.chdir(root)
         res = cli("audit", "archive", "--before", "30d", "--audit", url, "--to", "arch", "--checkpoints", str(cps))
     assert res.code == 0, res.err

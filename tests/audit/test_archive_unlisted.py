@@ -9,9 +9,12 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from bench.audit_log import fill
 
 from tests.fixtures.audit import cli
+
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
 
 
 def test_verify_from_an_archive_directory_that_does_not_exist_is_exit_2(tmp_path: Path) -> None:

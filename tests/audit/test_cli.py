@@ -17,6 +17,8 @@ from mrtr_keys.codecs.local import LocalAESGCMCodec
 from tests.fixtures.audit import cli, insert, known_events
 from tests.fixtures.common import run_cli
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 
 @pytest.fixture
 def filled(keystore_path: Path, make_sink: Callable[..., AuditSink]) -> Path:

@@ -9,11 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mrtr_keys.audit.chain import ChainWriter
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_COLUMNS, record_row
 from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli, insert, known_events
+
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
 
 # The v1 DDL exactly as mrtr-keys 1 ran it (kept literal here: the migration must cope with it).
 V1_DDL = (

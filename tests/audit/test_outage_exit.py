@@ -21,6 +21,8 @@ from tests.fixtures.audit import cli, sqlite_exec
 from tests.fixtures.moto_kms import AWS_UNSET, aws_env
 from tests.support.net import refused_port
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 COMMANDS = {
     "verify": ("audit", "verify"),
     "prune": ("audit", "prune", "--before", "30d"),

@@ -27,6 +27,8 @@ from mrtr_keys.audit.stores.pg_layout import AHEAD_DAYS, day_of
 from mrtr_keys.audit.stores.postgres import PostgresStore
 from tests.fixtures.audit import cli, known_events
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 DAY = 86_400.0
 T0 = 1_930_050_000.0  # 2031-02-28T12:53:20Z
 

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.chain import Record, verify
+from mrtr_keys.audit.chain import Record
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.audit.observer import AuditObserver
 from mrtr_keys.audit.sink import AuditSink, Mode
 from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
+from tests.fixtures.audit import verified
 from tests.support.proxy import CountingProxy
 
 
@@ -60,7 +61,7 @@ def test_child_process_stores_fingerprinted_chained_events(
     ]
     assert {r.writer for r in stored} == {f"{sink.writer}/p1"}  # the child's own chain
     assert all(r.event.instance == stored[0].event.instance for r in stored)
-    assert verify(sink.store.records()).ok
+    assert verified(sink.store.records(), sink).ok
     assert sink.written == 3 and sink.dropped == 0 and sink.healthy
     sink.close()
     assert _gone(child)
@@ -89,7 +90,7 @@ def test_killed_child_makes_the_sink_unhealthy_counts_drops_and_recovers(
     assert sink.healthy and sink.child_pid not in (None, first) and sink.children_started == 2
     kids = [r.event.kid for r in sink.store.query(Query(op="seal"))]
     assert kids == ["aaaaaaaa", "cccccccc"]
-    assert verify(sink.store.records()).ok
+    assert verified(sink.store.records(), sink).ok
 
 
 def test_sigterm_to_the_process_group_leaves_the_writer_to_the_parent(
@@ -148,7 +149,7 @@ def _run_parent(tmp_path: Path, how: str) -> tuple[int, int]:
 
     store = open_store(url)
     try:
-        assert verify(store.records()).ok
+        assert verified(store.records(), load_audit_key(tmp_path)).ok
         return child, store.count()
     finally:
         store.close()
@@ -261,7 +262,7 @@ def test_a_store_outage_while_batches_keep_coming_leaves_one_gap_free_chain_with
     assert [r.event.generation for r in records] == list(range(9_000))
     assert [r.seq for r in records] == list(range(1, 9_001))
     assert {r.writer for r in records} == {f"{sink.writer}/p1"}
-    assert verify(records).ok
+    assert verified(records, sink).ok
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
@@ -297,7 +298,7 @@ def test_a_store_on_a_link_too_slow_for_a_full_transaction_still_stores_every_ev
     assert [r.event.generation for r in records] == list(range(2_500))
     assert [r.seq for r in records] == list(range(1, 2_501))
     assert {r.writer for r in records} == {f"{sink.writer}/p1" if mode == "process" else sink.writer}
-    assert verify(records).ok
+    assert verified(records, sink).ok
 
 
 def test_a_writer_killed_while_it_stores_a_transaction_in_parts_counts_exactly_what_it_lost(
@@ -336,4 +337,4 @@ def test_a_writer_killed_while_it_stores_a_transaction_in_parts_counts_exactly_w
     assert 300 <= written < 2_501 and dropped > 0
     assert len(records) == written and written + dropped == 2_501
     assert len({r.event.generation for r in records}) == written  # none stored twice
-    assert verify(records).ok
+    assert verified(records, sink).ok

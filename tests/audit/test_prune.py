@@ -19,6 +19,8 @@ from bench.audit_log import DAY, fill
 
 from tests.fixtures.audit import cli, pg_exec, sqlite_exec
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 EVENTS = 4_000
 SPAN = 4 * DAY
 """Seconds the events are spread over, ending now."""

@@ -12,6 +12,8 @@ from bench.audit_log import fill
 
 from tests.fixtures.audit import cli
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> str:

@@ -16,6 +16,8 @@ from mrtr_keys.audit.stores.narrow import fingerprint_clause
 from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 EVENTS = 2_600
 
 
@@ -155,7 +157,7 @@ def test_a_schema_4_store_migrates_to_5_by_replacing_one_index_and_reads_the_sam
 
     path = tmp_path / "audit.db"
     url = f"sqlite://{path}"
-    fill(url, 1_000, tx=500)
+    fill(url, 1_000, tx=500, keyed=False)  # (unkeyed, as the release of schema 4 wrote it)
     sqlite_exec(  # the file as schema 4 left it
         url,
         "DROP INDEX audit_events_fpb",

@@ -17,12 +17,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mrtr_keys.audit.chain import ChainWriter, event_values, verify
+from mrtr_keys.audit.chain import ChainWriter, event_values
+from mrtr_keys.audit.fingerprint import load_audit_key
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query, stored_prefix
 from mrtr_keys.audit.stores.url import open_store
 from mrtr_keys.errors import AuditError
-from tests.fixtures.audit import cli, known_events
+from tests.fixtures.audit import cli, known_events, verified
 from tests.support.proxy import CountingProxy
 
 
@@ -59,7 +60,7 @@ def test_the_writer_process_stores_a_commit_whose_answer_was_lost_once(
     assert proxy.faults.resets == 1
     assert _twice(postgres_url) == 0
     assert sink.store.count() == 120 and sink.written == 120 and sink.dropped == 0
-    assert verify(open_store(postgres_url).records()).ok
+    assert verified(open_store(postgres_url).records(), sink).ok
     # `audit stats` (hourly totals written in the append's transaction) counts the resent ones once
     stats = json.loads(cli("audit", "stats", "--by", "op", "--audit", postgres_url, "--json").out)
     assert stats == [{"key": "seal", "count": 120}]
@@ -83,7 +84,7 @@ def test_a_synchronous_write_retried_after_a_lost_commit_is_stored_once(
             assert time.monotonic() < deadline
             time.sleep(0.1)
     assert _twice(postgres_url) == 0 and sink.store.count() == 6
-    assert verify(open_store(postgres_url).records()).ok
+    assert verified(open_store(postgres_url).records(), sink).ok
     stats = json.loads(cli("audit", "stats", "--by", "kid", "--audit", postgres_url, "--json").out)
     assert sum(s["count"] for s in stats) == 6
 
@@ -106,7 +107,7 @@ def test_a_ring_change_whose_record_was_cut_is_recorded_once_and_the_command_suc
     assert proxy.faults.resets == 1
     store = open_store(postgres_url)
     assert [r.event.op for r in store.iter_query(Query())] == ["init", "begin"]
-    assert _twice(postgres_url) == 0 and verify(store.records()).ok
+    assert _twice(postgres_url) == 0 and verified(store.records(), load_audit_key(tmp_path)).ok
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "jsonl", "postgres"])
@@ -146,7 +147,7 @@ def test_a_jsonl_line_cut_short_is_cut_off_and_the_rest_of_its_transaction_sent_
     assert held == 2
     store.append_rows(rows[held:])
     assert store.count() == 6
-    assert verify(store.records()).ok
+    assert verified(store.records(), sink).ok
 
 
 def test_a_batch_stored_in_part_is_not_stored_again_after_a_ring_loaded_settles_its_doubt(
@@ -176,4 +177,4 @@ def test_a_batch_stored_in_part_is_not_stored_again_after_a_ring_loaded_settles_
     assert sorted(r.event.generation or 0 for r in records if r.event.op == "ring-loaded") == [7]
     assert len(records) == sink.store.count() == 102 and sink.written == 102 and sink.dropped == 0
     assert [r.seq for r in records] == list(range(1, 103))
-    assert verify(records).ok
+    assert verified(records, sink).ok

@@ -3,11 +3,13 @@ so; the cut-off never enters the window the rotation gates read (TTL + 60 s)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from bench.audit_log import fill
 
+from mrtr_keys.audit.chain_key import ChainKey
 from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.retention import Retention
 from mrtr_keys.audit.stores.url import open_store
@@ -15,8 +17,9 @@ from mrtr_keys.audit.stores.url import open_store
 
 def test_a_run_past_its_deadline_deletes_nothing_and_the_next_one_prunes(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
-    fill(url, 3_000, tx=500)
-    loop = Retention(url, "30d", tmp_path / "cps.jsonl", lambda: 600.0, deadline=0.0)
+    key = os.urandom(32)
+    fill(url, 3_000, tx=500, audit_key=key)
+    loop = Retention(url, "30d", tmp_path / "cps.jsonl", lambda: 600.0, deadline=0.0, chain_keys=[ChainKey(key)])
     assert not loop.run_once()
     assert loop.last_error and "passed its 0 s deadline" in loop.last_error and loop.last_success is None
     store = open_store(url)

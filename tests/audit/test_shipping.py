@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.chain import verify
 from mrtr_keys.audit.items import AuditItem, new_item
 from mrtr_keys.audit.shipper import MAX_WAIT, SHIP_AT
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.base import Query
-from tests.fixtures.audit import known_events
+from tests.fixtures.audit import known_events, verified
 
 
 def _item(i: int, op: str = "seal", size: int = 0) -> AuditItem:
@@ -187,7 +186,7 @@ def test_a_killed_writer_loses_nothing_silently_and_frames_it_never_read_go_to_i
     assert sink.written == stored  # what the dead writer stored unacknowledged is counted written, not lost
     records = list(sink.store.records())
     assert {r.writer for r in records} == {f"{sink.writer}/p1", f"{sink.writer}/p2"}
-    assert verify(records).ok
+    assert verified(records, sink).ok
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql", "jsonl"])

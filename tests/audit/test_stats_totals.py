@@ -22,6 +22,8 @@ from mrtr_keys.audit.stores.base import Query
 from mrtr_keys.audit.stores.url import open_store
 from tests.fixtures.audit import cli, pg_exec, sqlite_exec
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 EVENTS = 2_000
 SPAN = 4 * DAY
 CASES = (

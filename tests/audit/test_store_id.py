@@ -17,6 +17,8 @@ from bench.audit_log import DAY, fill
 
 from tests.fixtures.audit import cli, sqlite_exec
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 EVENTS = 1_200
 TX = 50
 
@@ -114,10 +116,10 @@ def test_an_old_checkpoint_record_without_a_store_id_still_works(
 ) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     cps = tmp_path / "cp.jsonl"
-    fill(url, EVENTS, tx=TX)
+    fill(url, EVENTS, tx=TX, keyed=False)
     _prune(url, cps)
-    # as an earlier mrtr-keys left them: no store id in the store nor in its checkpoint records
-    old = [{k: v for k, v in r.items() if k != "store_id"} for r in _records(cps)]
+    # as an earlier mrtr-keys left them: no store id in the store nor in its checkpoint records (nor a MAC)
+    old = [{k: v for k, v in r.items() if k not in ("store_id", "mac")} for r in _records(cps)]
     cps.write_text("".join(json.dumps(r) + "\n" for r in old))
     sqlite_exec(url, "DROP TABLE store_meta")
     doc, err = _verify(url, cps)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.chain import make_checkpoint, verify
+from mrtr_keys.audit.chain import make_checkpoint
 from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.audit.stores.url import open_store
-from mrtr_keys.audit.verify_stream import verify_store
-from tests.fixtures.audit import insert, known_events, pg_exec, sqlite_exec
+from mrtr_keys.audit.trust import verify_store
+from tests.fixtures.audit import insert, keys_of, known_events, pg_exec, sqlite_exec, verified
 
 TAMPER = {
     "deleted": ("DELETE FROM audit_events WHERE seq = 3",),
@@ -39,11 +39,11 @@ def _check(url: str, kind: str, execute: Callable[..., None], make_sink: Callabl
     sink = make_sink(url)
     insert(sink, known_events(6))
     store = open_store(url)
-    assert verify(store.records()).ok
+    assert verified(store.records(), sink).ok
     execute(url, *TAMPER[kind])
-    report = verify(store.records())
+    report = verified(store.records(), sink)
     assert not report.ok
-    streamed = verify_store(store, [], page=2).first  # pages of two rows: breaks across page ends
+    streamed = verify_store(store, [], page=2, keys=keys_of(sink)).first  # pages of two rows: breaks across page ends
     assert streamed is not None and report.first is not None
     assert (streamed.kind, streamed.seq, streamed.position) == (
         report.first.kind,
@@ -74,13 +74,14 @@ def test_postgres_verify_detects(kind: str, postgres_url: str, make_sink: Callab
 
 def test_jsonl_reordered_lines_are_detected(tmp_path: Path, make_sink: Callable[..., AuditSink]) -> None:
     path = tmp_path / "audit.jsonl"
-    insert(make_sink(f"jsonl://{path}"), known_events(5))
+    sink = make_sink(f"jsonl://{path}")
+    insert(sink, known_events(5))
     lines = path.read_text().splitlines()
     lines[2], lines[3] = lines[3], lines[2]  # line 1 is the schema version
     path.write_text("\n".join(lines) + "\n")
-    first = verify(open_store(f"jsonl://{path}").records()).first
+    first = verified(open_store(f"jsonl://{path}").records(), sink).first
     assert first is not None and first.kind == "reordered" and first.position == 3
-    streamed = verify_store(open_store(f"jsonl://{path}"), []).first
+    streamed = verify_store(open_store(f"jsonl://{path}"), [], keys=keys_of(sink)).first
     assert streamed is not None and (streamed.kind, streamed.position) == ("reordered", 3)
 
 
@@ -94,12 +95,12 @@ def test_a_cut_tail_is_invisible_to_the_chain_but_caught_by_a_checkpoint(
     store = open_store(url)
     cp = make_checkpoint(store.records(), store_url=store.url, now=0.0)
     sqlite_exec(url, "DELETE FROM audit_events WHERE seq = 6")  # part of a batch: the chain shows it
-    assert verify(store.records()).first.kind == "truncated"  # type: ignore[union-attr]
+    assert verified(store.records(), sink).first.kind == "truncated"  # type: ignore[union-attr]
     sqlite_exec(url, "DELETE FROM audit_events WHERE seq >= 5")  # whole batches: it cannot
-    assert verify(store.records()).ok  # documented limit of a chain alone
-    report = verify(store.records(), [json.loads(json.dumps(cp))])
+    assert verified(store.records(), sink).ok  # documented limit of a chain alone
+    report = verified(store.records(), sink, checkpoints=[json.loads(json.dumps(cp))])
     assert report.first is not None and report.first.kind == "truncated"
     assert "seq 6" in report.first.detail and "ends at seq 4" in report.first.detail
-    streamed = verify_store(store, [json.loads(json.dumps(cp))])
+    streamed = verify_store(store, [json.loads(json.dumps(cp))], keys=keys_of(sink))
     assert streamed.first is not None and streamed.first.kind == "truncated"
     assert "seq 6" in streamed.first.detail and "ends at seq 4" in streamed.first.detail

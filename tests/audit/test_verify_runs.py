@@ -18,8 +18,12 @@ import pytest
 from bench.audit_log import fill
 
 from mrtr_keys.audit.stores.url import open_store
-from mrtr_keys.audit.verify_stream import MAX_PENDING, verify_store
-from tests.fixtures.audit import sqlite_exec
+from mrtr_keys.audit.trust import verify_store
+from mrtr_keys.audit.verify_stream import MAX_PENDING
+from tests.fixtures.audit import keys_of, sqlite_exec
+
+KEY = bytes(range(32))
+"""The audit key the logs are written and verified with."""
 
 EDITS = {
     "genuine": (),
@@ -75,8 +79,8 @@ LONG_EDITS = {  # one batch longer than MAX_PENDING: hashed incrementally, a lin
 def bases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     root = tmp_path_factory.mktemp("runs")
     paths = {"short": root / "short.db", "long": root / "long.db"}
-    fill(f"sqlite://{paths['short']}", 1_200, tx=100)  # 12 batches on 3 chains
-    fill(f"sqlite://{paths['long']}", MAX_PENDING + 808, tx=MAX_PENDING + 808, chains=1)
+    fill(f"sqlite://{paths['short']}", 1_200, tx=100, audit_key=KEY)  # 12 batches on 3 chains
+    fill(f"sqlite://{paths['long']}", MAX_PENDING + 808, tx=MAX_PENDING + 808, chains=1, audit_key=KEY)
     for path in paths.values():
         conn = sqlite3.connect(path)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -88,9 +92,9 @@ def _walks(path: Path) -> list[dict[str, Any]]:
     store = open_store(f"sqlite://{path}")
     try:
         reports = [
-            verify_store(store, [], runs=False, page=7),
-            verify_store(store, [], page=7),
-            verify_store(store, [], page=97, split_min_rows=0),
+            verify_store(store, [], runs=False, page=7, keys=keys_of(KEY)),
+            verify_store(store, [], page=7, keys=keys_of(KEY)),
+            verify_store(store, [], page=97, split_min_rows=0, keys=keys_of(KEY)),
         ]
     finally:
         store.close()
@@ -141,7 +145,7 @@ def test_rows_pruned_while_the_split_walk_reads_them_are_a_retry_not_a_crash(tmp
     from mrtr_keys.errors import AuditUnavailable
 
     path = tmp_path / "audit.db"
-    fill(f"sqlite://{path}", 200, tx=100, chains=1)  # two pages of 100: one child each
+    fill(f"sqlite://{path}", 200, tx=100, chains=1, audit_key=KEY)  # two pages of 100: one child each
     store = open_store(f"sqlite://{path}")
     pruned: list[int] = []
 
@@ -155,7 +159,7 @@ def test_rows_pruned_while_the_split_walk_reads_them_are_a_retry_not_a_crash(tmp
 
     try:
         with pytest.raises(AuditUnavailable, match=r"changed while they were read .* run verify again"):
-            verify_store(store, [], page=100, split_min_rows=0, progress=progress)
+            verify_store(store, [], page=100, split_min_rows=0, progress=progress, keys=keys_of(KEY))
     finally:
         store.close()
     assert pruned == [100]
@@ -171,7 +175,7 @@ def test_a_reading_child_killed_midway_is_an_outage_to_retry_not_a_broken_chain(
     from mrtr_keys.errors import AuditError, AuditUnavailable
 
     path = tmp_path / "audit.db"
-    fill(f"sqlite://{path}", 2_000, tx=100, chains=1)  # 4 pages of 500 rows, each more than a pipe holds
+    fill(f"sqlite://{path}", 2_000, tx=100, chains=1, audit_key=KEY)  # 4 pages of 500 rows, each more than a pipe holds
     before = set(multiprocessing.active_children())
     killed: list[int] = []
 
@@ -184,7 +188,7 @@ def test_a_reading_child_killed_midway_is_an_outage_to_retry_not_a_broken_chain(
     store = open_store(f"sqlite://{path}")
     try:
         with pytest.raises(AuditError) as info:
-            verify_store(store, [], page=500, split_min_rows=0, progress=progress)
+            verify_store(store, [], page=500, split_min_rows=0, progress=progress, keys=keys_of(KEY))
     finally:
         store.close()
     assert len(killed) == 2

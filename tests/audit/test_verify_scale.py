@@ -21,22 +21,24 @@ from bench.audit_log import fill
 
 from tests.docs.doc_blocks import REPO
 
+pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
+
 SMALL, LARGE = 10_000, 100_000
 
 
 @pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, str]]:
+def logs(tmp_path_factory: pytest.TempPathFactory, fleet_key_file: Path) -> Iterator[dict[int, str]]:
     root = tmp_path_factory.mktemp("audit-scale")
     urls = {}
     for n in (SMALL, LARGE):
         urls[n] = f"sqlite://{root}/audit-{n}.db"
-        fill(urls[n], n)
+        fill(urls[n], n, audit_key=fleet_key_file.read_bytes())
     yield urls
 
 
 def _run(*args: str, limit_mb: int | None = None) -> tuple[int, str, str, int]:
     """Run the CLI in a child process: (exit code, stdout, stderr, peak RSS in KiB, from wait4)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_") or k == "MRTR_KEYS_AUDIT_KEY_FILE"}
     code = (
         "import resource, sys\n"
         "from mrtr_keys.cli.main import run\n"

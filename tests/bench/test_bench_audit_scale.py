@@ -1,8 +1,8 @@
 """Smoke run of the benchmark's audit_scale part (``python -m bench audit_scale --quick``): a genuine log
 filled, verified, looked up (gate, --kid, --token), pruned, archived and verified again (also from the
-archive) by the CLI, at two sizes, then a sidecar's own retention run measured under traffic, and every row
-printed. No timing is asserted (the 1 M / 5 M figures are measured by ``make bench``); a failed verify or
-retention run would fail the part."""
+archive) by the CLI, at two sizes, a PostgreSQL log verified, then a sidecar's own retention run measured
+under traffic, and every row printed. No timing is asserted (the 1 M / 5 M figures are measured by
+``make bench``); a failed verify or retention run would fail the part."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def test_audit_scale_part_prints_every_row(tmp_path: Path) -> None:
         ):
             assert f"{name}, {n} events" in rows, proc.stdout
     assert "verify RSS growth, 4x the events" in rows
+    assert (
+        "audit verify, 20,000 events, PostgreSQL" in rows and "audit verify peak RSS, 20,000 events, PostgreSQL" in rows
+    )
     assert "audit query --kid K --limit 20 (CLI) growth, 4x the events" in rows
     assert "audit stats --by instance (hourly totals) growth, 4x the events" in rows
     # a running sidecar's own retention prunes while a client measures (bench.audit_retention)

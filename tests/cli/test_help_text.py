@@ -40,4 +40,7 @@ def test_the_checkpoint_file_is_checkpoints_in_prune_archive_and_checkpoint() ->
 
 def test_verify_help_names_the_exit_codes_cron_tells_apart() -> None:
     text = re.sub(r"\s+", " ", cli("audit", "verify", "--help").out)
-    assert "exit 1 at the first break, 75 when the store or archive cannot be read now" in text, text
+    assert (
+        "exit 1 at the first break, 75 when the store, an archive or a checkpoint location cannot be read now" in text
+    )
+    assert "2 for a bad option or without the chain key" in text, text

@@ -11,7 +11,7 @@ from mrtr_keys.cli.output import print_table
 from tests.fixtures.audit import cli
 
 
-def test_checkpoint_table_shows_a_writer_with_pid_100_as_written(tmp_path: Path) -> None:
+def test_checkpoint_table_shows_a_writer_with_pid_100_as_written(tmp_path: Path, audit_key: bytes) -> None:
     url = f"sqlite://{tmp_path}/audit.db"
     fill(url, 300, tx=100)  # chains bench-host:100:..., :101:, :102:
     res = cli("audit", "checkpoint", "--audit", url, "--checkpoints", str(tmp_path / "cps.jsonl"))

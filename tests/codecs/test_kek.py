@@ -76,7 +76,7 @@ def _stubbed(kms: KMSEnv, ring: FileKeystore) -> tuple[KMSEnvelopeCodec, Stubber
     _unwraps(stubber, ring, plain, [k.kid for k in ring.load().usable_keys()])
     codec = KMSEnvelopeCodec(ring, audience=AUD, service=KMSService(client), kek_check_every=0)
     stubber.assert_no_pending_responses()
-    return codec, stubber, KekCheck(codec, 0, what="KMS key (stubbed)"), plain
+    return codec, stubber, KekCheck(0, what="KMS key (stubbed)").add(codec), plain
 
 
 def _unwraps(stubber: Stubber, ring: FileKeystore, plain: dict[str, bytes], kids: list[str]) -> None:
@@ -151,7 +151,7 @@ def test_a_refused_or_silent_endpoint_and_no_credentials_are_outages(
     from tests.support.net import refused_port
 
     codec = KMSEnvelopeCodec(ring, audience=AUD, kek_check_every=0)
-    check = KekCheck(codec, 0, what="KMS key")
+    check = KekCheck(0, what="KMS key").add(codec)
     with refused_port() as refused:
         endpoints = (f"http://127.0.0.1:{refused}", f"http://127.0.0.1:{silent_port}")
     for endpoint in endpoints:
@@ -177,9 +177,35 @@ def test_the_interval_comes_from_the_argument_the_environment_or_the_default(mon
 
 
 def test_each_wait_is_at_most_one_interval_so_a_revocation_is_seen_within_it() -> None:
-    class Codec:
-        pass
-
-    codec = Codec()
-    low, high = KekCheck(codec, 10, what="k", rng=lambda: 0.0), KekCheck(codec, 10, what="k", rng=lambda: 0.999)
+    low, high = KekCheck(10, what="k", rng=lambda: 0.0), KekCheck(10, what="k", rng=lambda: 0.999)
     assert low.next_delay() == 8.0 and 9.9 < high.next_delay() <= 10.0
+
+
+def test_the_codecs_of_one_wrapping_key_share_one_check_and_close_and_open_together(
+    kms: KMSEnv, ring: FileKeystore
+) -> None:
+    """A sidecar holds a codec per audience (and a new generation's beside the old): one call an interval for
+    the key, and all of them fail closed, and serve again, at the same check."""
+    plain = {entry[0]: key for entry, key in KMSEnvelopeCodec(ring, audience=AUD, kek_check_every=0)._unwrapped.items()}
+    stubber = Stubber(client := _client(kms.proxy.url))
+    stubber.activate()
+    usable = [k.kid for k in ring.load().usable_keys()]
+    service = KMSService(client)
+    codecs = []
+    for _ in range(2):
+        _unwraps(stubber, ring, plain, usable)
+        codecs.append(KMSEnvelopeCodec(ring, audience=AUD, service=service, kek_check_every=300))
+    check = codecs[0].kek
+    try:
+        assert check is not None and codecs[1].kek is check and check.running
+        stubber.add_client_error("decrypt", service_error_code="DisabledException", http_status_code=400)
+        assert check.check() == REVOKED  # one Decrypt: the stubber had one answer queued
+        for codec in codecs:
+            with pytest.raises(WrappingKeyRevoked):
+                codec.seal(b"x")
+        _unwraps(stubber, ring, plain, [usable[0], *usable, *usable])  # the check, then each codec's keys
+        assert check.check() == OK
+        assert all(codec.unseal(codec.seal(b"y")) == b"y" for codec in codecs)
+        stubber.assert_no_pending_responses()
+    finally:
+        check.stop()

@@ -38,6 +38,7 @@ PREFIXES = (
     "/etc/mrtr",
     "/etc/systemd",
     "/var/lib/mrtr-keys",
+    "/var/lib/mrtr-anchors",
     "/run/mrtr",
     "/clients",
     "/var/run/secrets",

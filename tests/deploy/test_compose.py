@@ -134,8 +134,15 @@ def _run_stack(
 
     sidecar = services["sidecar"]
 
-    def sidecar_env(port: int) -> dict[str, str]:
-        return _env(sidecar, image, replacements, MRTR_KEYS_HOST="127.0.0.1", MRTR_KEYS_PORT=str(port))
+    def sidecar_env(port: int) -> dict[str, str]:  # anchors every second here (300 s as written)
+        return _env(
+            sidecar,
+            image,
+            replacements,
+            MRTR_KEYS_HOST="127.0.0.1",
+            MRTR_KEYS_PORT=str(port),
+            MRTR_KEYS_AUDIT_ANCHOR_EVERY="1",
+        )
 
     argv = [_sub(a, replacements) for a in _argv(sidecar, image)]
     up = box.launch(lambda port: box.start(argv, sidecar_env(port), cwd=image.workdir, name="sidecar"))
@@ -173,4 +180,19 @@ def _run_stack(
         time.sleep(0.2)
     assert opened == {"billing", "orders"}
     assert {e["client"] for e in events.json()} == {"billing", "orders"}
-    assert Path(box.path("/var/lib/mrtr-keys") / "audit.key").exists()
+    key = Path(box.path("/var/lib/mrtr-keys") / "audit.key")
+    assert key.exists()
+    # the sidecar's anchors, in the volume only it mounts, hold heads that verify (and see every event)
+    anchors = sidecar["environment"]["MRTR_KEYS_AUDIT_ANCHOR"]
+    assert anchors.endswith("/") and not any(
+        anchors.rstrip("/") in str(v) for v in services["postgres"].get("volumes", [])
+    )
+    place = str(box.path(anchors.rstrip("/"))) + "/"
+    deadline = time.monotonic() + 30
+    while True:
+        verify = run_cli("audit", "verify", "--json", "--audit", postgres_url, "--checkpoints", place,
+                         env={"MRTR_KEYS_AUDIT_KEY_FILE": str(key)})  # fmt: skip
+        if (verify.code == 0 and verify.json()["checkpoints_checked"] >= 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert verify.code == 0 and verify.json()["checkpoints_checked"] >= 2, verify.out + verify.err

@@ -94,6 +94,8 @@ def test_every_manifest_is_one_fleet() -> None:
             assert pod["securityContext"]["runAsUser"] == 10001 and pod["automountServiceAccountToken"] is False
             if doc["kind"] == "Deployment":
                 assert env["MRTR_KEYS_INSTANCE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, where
+                # anchored by default where the database cannot reach: an object-locked bucket (issue 38)
+                assert env["MRTR_KEYS_AUDIT_ANCHOR"]["value"] == "s3://mrtr-keys-audit-anchors/mcp-billing", where
     assert len(images) == 1, images
 
 

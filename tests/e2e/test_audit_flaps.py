@@ -81,7 +81,7 @@ def _flap_under_load(proxy: CountingProxy, every: float, step: Callable[[], None
 
 
 def test_forty_flaps_and_a_lost_commit_under_load_store_each_event_once(
-    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
+    make_sink: Callable[..., AuditSink], pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str, audit_key: bytes
 ) -> None:
     proxy, url = pg_fault_proxy
     sink = make_sink(url, mode="process")
@@ -108,7 +108,7 @@ def test_forty_flaps_and_a_lost_commit_under_load_store_each_event_once(
 
 
 def test_a_sidecar_whose_audit_store_flaps_stores_each_answered_request_once(
-    keystore_path: Path, tmp_path: Path, pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str
+    keystore_path: Path, tmp_path: Path, pg_fault_proxy: tuple[CountingProxy, str], postgres_url: str, audit_key: bytes
 ) -> None:
     proxy, url = pg_fault_proxy
     sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(tmp_path)), mode="process", url=url)

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from mrtr_keys.audit.chain import verify
 from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.audit.service_sink import SidecarAudit
 from mrtr_keys.audit.sink import AuditSink
@@ -29,6 +28,7 @@ from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
 from tests.audit.test_resend import flushed
+from tests.fixtures.audit import verified
 from tests.support.lateness import Relay
 from tests.support.proxy import CountingProxy
 
@@ -108,4 +108,4 @@ def test_a_blackholed_audit_store_turns_strict_readiness_503_within_2_s_and_neve
     loaded = [r.event.generation for r in sink.store.query(Query(op="ring-loaded"))]
     assert begun.ring.generation in loaded
     sink.close()
-    assert verify(open_store(postgres_url).records()).ok  # the writes cut at their deadline were re-sent once
+    assert verified(open_store(postgres_url).records(), sink).ok  # the writes cut at their deadline were re-sent once

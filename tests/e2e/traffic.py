@@ -40,6 +40,8 @@ class Traffic:
     """Seconds between the starts of two turns (each turn begins at most one flow of each kind): a steady two
     flows a second per kind keeps tokens in flight across every phase change (hundreds of rounds in a fleet
     test) without spending the machine on a flood (an unpaced driver kept a core busy for the whole test)."""
+    sidecar_flows: int = 1
+    """Sidecar flows begun each turn (cheap HTTP seals: more tokens in flight without more MCP sessions)."""
     up_mcp: set[str] = field(default_factory=set)
     up_sidecars: set[str] = field(default_factory=set)
     rounds: int = 0
@@ -149,6 +151,17 @@ class Traffic:
                 self._fail(f"round 1 on {x}: {type(exc).__name__}: {exc}")
             finally:
                 self._leave(x)
+        for i in range(self.sidecar_flows):
+            await self._sidecar_first_round(turn * self.sidecar_flows + i, due, pending, http, headers)
+
+    async def _sidecar_first_round(
+        self,
+        turn: int,
+        due: float,
+        pending: deque[tuple[float, str, str, object]],
+        http: _Clients,
+        headers: dict[str, str],
+    ) -> None:
         a = self._pick(self.up_sidecars, turn)
         if a is not None and self._pick(self.up_sidecars, turn, avoid=a) is not None:
             self._enter(a)

@@ -31,7 +31,7 @@ def _count_since(db: Path, since: str) -> int:
 
 
 def test_the_sidecar_prunes_by_itself_while_serving_and_keeps_the_window(
-    keystore_path: Path, sidecar_factory: Any, tmp_path: Path
+    keystore_path: Path, sidecar_factory: Any, tmp_path: Path, audit_key: bytes
 ) -> None:
     db, cps = tmp_path / "audit.db", tmp_path / "checkpoints.jsonl"
     url = f"sqlite://{db}"

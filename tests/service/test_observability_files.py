@@ -43,7 +43,7 @@ def alert_exprs() -> dict[str, str]:
 def test_dashboard_and_alerts_name_only_exported_metrics(tmp_path: Path, sidecar_factory: Any) -> None:
     ring = tmp_path / "ring" / "keyring.json"
     create_ring(FileKeystore(ring))
-    sidecar = sidecar_factory(ring, extra=["--log-format", "json"])
+    sidecar = sidecar_factory(ring, extra=["--log-format", "json", "--audit-anchor", f"{tmp_path}/anchors/"])
 
     # JSON logs: every line an object; the zero-clients WARNING among them.
     lines = [json.loads(line) for line in sidecar.output().splitlines() if line.strip()]
@@ -74,7 +74,10 @@ def test_dashboard_and_alerts_name_only_exported_metrics(tmp_path: Path, sidecar
         "MrtrKeysInstanceBehind",
         "MrtrKeysRejectionSpike",
         "MrtrKeysAuditEventsDropped",
+        "MrtrKeysAuditAnchorFailing",
         "MrtrKeysKeystoreUnreachable",
+        "MrtrKeysWrappingKeyRevoked",
+        "MrtrKeysWrappingKeyUnreachable",
         "MrtrKeysSealBudgetHalfUsed",
         "MrtrKeysSealBudgetSpent",
     }

@@ -34,6 +34,8 @@ from typing import Any
 
 from mrtr_keys.audit.archive_dest import Destination
 from mrtr_keys.audit.chain import GENESIS
+from mrtr_keys.audit.chain_key import ChainKeys
+from mrtr_keys.audit.ledger import ARCHIVE
 from mrtr_keys.audit.prune import Progress, PruneResult, prune
 from mrtr_keys.audit.stores.base import SQL_COLUMNS
 from mrtr_keys.audit.verify_stream import Walker
@@ -45,8 +47,6 @@ SEGMENT_RECORDS = 250_000
 """A chain's segment is closed at the first batch end past this many records (or a new UTC day)."""
 LEVEL = 1
 """gzip level: 1 keeps the write rate above 200,000 events/s (about 8x smaller than the text)."""
-ARCHIVE = "archive"
-"""Key of the archive reference in a prune checkpoint document."""
 
 
 def _refuse(value: object) -> object:
@@ -314,10 +314,11 @@ def archive(
     now: float | None = None,
     progress: Progress | None = None,
     segment_records: int = SEGMENT_RECORDS,
+    keys: ChainKeys | None = None,
 ) -> ArchiveResult:
     """Archive to `dest` the records of `store` a ``prune(store, before, docs, ...)`` deletes, then
     prune (see the module docstring). Nothing is deleted unless every segment and the manifest
-    were published.
+    were published. `keys`: as `prune` takes them.
 
     Raises:
         ConfigError: a JSON-lines store, or a destination that cannot be used as asked;
@@ -332,7 +333,9 @@ def archive(
         dest, run, before, store.url, ref, segment_records=segment_records, store_id=getattr(store, "store_id", None)
     )
     try:
-        result = prune(store, before, docs, str(checkpoint_path), now=now, progress=progress, archive=archiver)
+        result = prune(
+            store, before, docs, str(checkpoint_path), now=now, progress=progress, archive=archiver, keys=keys
+        )
     finally:
         archiver.close()
     return ArchiveResult(

@@ -40,7 +40,14 @@ MODES = ("GOVERNANCE", "COMPLIANCE")
 class S3Destination:
     """``s3://BUCKET[/PREFIX]``: objects ``PREFIX/NAME``. See the module docstring for retention."""
 
-    def __init__(self, uri: str, *, retain_days: float | None = None, retain_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        retain_days: float | None = None,
+        retain_mode: str | None = None,
+        deadlines: tuple[float, float, int] = (CONNECT_TIMEOUT, READ_TIMEOUT, MAX_ATTEMPTS),
+    ) -> None:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         if not bucket:
             raise ConfigError(f"archive location {uri!r}: no bucket (use s3://BUCKET/PREFIX)")
@@ -57,6 +64,8 @@ class S3Destination:
         self.retain_days = retain_days
         self.retain_mode = retain_mode
         self._uri = uri
+        self._deadlines = deadlines
+        """(connect timeout s, read timeout s, attempts) of every call."""
         self._client: Any = None
         self._lock: dict[str, Any] | None = None  # Object Lock configuration, read once per write run
         self._described = ""
@@ -78,10 +87,9 @@ class S3Destination:
                 from botocore.config import Config
             except ImportError:  # pragma: no cover - installed with the kms / all extras
                 raise ConfigError("an s3:// archive needs boto3: pip install 'mrtr-keys[kms]'") from None
+            connect, read, attempts = self._deadlines
             config = Config(
-                connect_timeout=CONNECT_TIMEOUT,
-                read_timeout=READ_TIMEOUT,
-                retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
+                connect_timeout=connect, read_timeout=read, retries={"mode": "standard", "total_max_attempts": attempts}
             )
             self._client = boto3.session.Session().client("s3", config=config)
         return self._client

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from mrtr_keys.audit.archive import ARCHIVE, FORMAT, last_archive
+from mrtr_keys.audit.archive import FORMAT
 from mrtr_keys.audit.archive_dest import Destination
 from mrtr_keys.audit.chain import GENESIS, Break
-from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Progress, Start, StreamReport, Walker, prune_starts, walk_pages
+from mrtr_keys.audit.chain_key import ChainKeys, is_keyed
+from mrtr_keys.audit.trust import Trust, gather
+from mrtr_keys.audit.verify_stream import PAGE, Progress, Start, StreamReport, Walker, walk_pages
 
 KIND = "archive"
 """`Break.kind` of a problem with the archive's files (as opposed to the records in them)."""
@@ -128,61 +130,83 @@ def _manifest_problem(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def manifest_chain(
-    dest: Destination, docs: Sequence[dict[str, Any]]
-) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """The manifests oldest first as (name, document), and the names of any not on the chain (left
-    by an interrupted run). Raises `_Stop` on a broken chain of manifests."""
-    names = [n for n in dest.list("manifests/") if n.endswith(".json")]
-    anchor = last_archive(docs)
-    if (
-        anchor is not None
-        and anchor.get("location") not in (None, dest.uri)
-        and dest.get(str(anchor["manifest"]), 0) is None
-    ):
-        # the newest archive went elsewhere: check this one on its own links. (The same archive named
-        # another way, ./a vs /abs/a, or copied to locked storage, holds the manifest: still checked
-        # against the SHA-256 the checkpoint recorded.)
-        anchor = None
-    loaded: dict[str, tuple[dict[str, Any], str]] = {}
-    if anchor is not None:
-        newest = str(anchor["manifest"])
-        want: str | None = str(anchor["sha256"])
-        source = "the store's prune checkpoint"
-    else:
+Located = tuple[Destination, str, dict[str, Any]]
+"""(the location holding it, its name, the manifest) of one manifest on the chain."""
+
+
+def manifest_chain(dests: Sequence[Destination], trust: Trust) -> tuple[list[Located], list[tuple[Destination, str]]]:
+    """The manifests oldest first, each with its location, and (location, name) of any in the given
+    locations not on the chain (left by an interrupted run). The newest is the one the newest prune
+    record names (its SHA-256 as recorded), found in whichever of `dests` holds it (the same archive
+    named another way, ./a or /abs/a, or copied to locked storage, holds it too); from it the
+    ``previous`` links lead back, into another location where the archive moved (a ``previous`` naming
+    one: one of `dests`, else the location as recorded). Without a prune record naming an archive, the
+    chain is the one the first location's manifests form. Raises `_Stop` on a broken chain of manifests."""
+    named = {d.uri: [n for n in d.list("manifests/") if n.endswith(".json")] for d in dests}
+    refs = trust.archives
+    ref = refs[-1] if refs else None
+    start = _holder(dests, ref, named) if ref is not None else None
+    if ref is None or start is None:
+        first = dests[0]
+        names = named[first.uri]
         if not names:
-            return [], []  # nothing archived yet (and no checkpoint names an archive): the live store alone
-        for n in names:
-            loaded[n] = _manifest(dest, n)
-        named = {str((d.get("previous") or {}).get("manifest")) for d, _ in loaded.values()}
-        tips = [n for n in names if n not in named]
+            return [], []  # nothing archived yet (and no checkpoint names an archive here): the live store alone
+        loaded = {n: _manifest(first, n) for n in names}
+        pointed = {str((d.get("previous") or {}).get("manifest")) for d, _ in loaded.values()}
+        tips = [n for n in names if n not in pointed]
         if len(tips) != 1:
-            raise _fail(f"the manifests in {dest.uri} do not form one chain (it ends at {', '.join(tips) or 'none'})")
-        newest, want, source = tips[0], None, ""
-    chain: list[tuple[str, dict[str, Any]]] = []
-    name: str | None = newest
-    while name is not None:
-        doc, sha = loaded.get(name) or _manifest(dest, name)
+            raise _fail(f"the manifests in {first.uri} do not form one chain (it ends at {', '.join(tips) or 'none'})")
+        dest, name, want, source = first, tips[0], None, ""
+    else:
+        dest, name, want, source = start, str(ref["manifest"]), str(ref["sha256"]), "the store's prune checkpoint"
+    chain: list[Located] = []
+    while True:
+        doc, sha = _manifest(dest, name)
         if want is not None and sha != want:
             _check_order(name, doc)  # a clearer message if it was reordered
             raise _fail(
                 f"manifest {name}: its SHA-256 does not match the one recorded in {source} (changed after archiving)"
             )
         _check_order(name, doc)
-        chain.append((name, doc))
+        chain.append((dest, name, doc))
         prev = doc.get("previous")
-        if isinstance(prev, dict) and prev.get("location") not in (None, dest.uri):
-            raise _fail(
-                f"manifest {name} follows one in another archive ({prev.get('location')}): verify that one first"
-            )
-        name = str(prev["manifest"]) if isinstance(prev, dict) else None
-        want = str(prev.get("sha256")) if isinstance(prev, dict) else None
-        source = f"manifest {chain[-1][0]}"
+        if not isinstance(prev, dict):
+            break
+        name, want, source = str(prev["manifest"]), str(prev.get("sha256")), f"manifest {name}"
+        if prev.get("location") not in (None, dest.uri):
+            moved = _holder(dests, prev, named) or _open_recorded(str(prev["location"]), name)
+            dest = moved
         if len(chain) > 100_000:
             raise _fail(f"the manifests in {dest.uri} loop")
     chain.reverse()
-    on_chain = {n for n, _ in chain}
-    return chain, [n for n in names if n not in on_chain]
+    on_chain = {(d.uri, n) for d, n, _ in chain}
+    return chain, [(d, n) for d in dests for n in named[d.uri] if (d.uri, n) not in on_chain]
+
+
+def _holder(dests: Sequence[Destination], ref: dict[str, Any], named: dict[str, list[str]]) -> Destination | None:
+    """The one of `dests` that holds the manifest `ref` names: the location it records, else one that has a
+    manifest of that name (the same archive named another way)."""
+    name = str(ref.get("manifest"))
+    for d in dests:
+        if d.uri == ref.get("location"):
+            return d
+    return next((d for d in dests if name in named[d.uri]), None)
+
+
+def _open_recorded(location: str, name: str) -> Destination:
+    from mrtr_keys.audit.archive_dest import open_destination
+    from mrtr_keys.errors import ConfigError
+
+    try:
+        dest = open_destination(location)
+        if dest.get(name, 0) is not None:
+            return dest
+    except ConfigError:
+        pass
+    raise _fail(
+        f"manifest {name} is in another archive location, {location}, which cannot be read here: name it too "
+        "(--from-archive, once per location)"
+    )
 
 
 def _check_order(name: str, doc: dict[str, Any]) -> None:
@@ -242,44 +266,45 @@ def _feed_segment(dest: Destination, seg: dict[str, Any], manifest: str, walker:
 
 
 def verify_archive(
-    dest: Destination,
+    dests: Destination | Sequence[Destination],
     store: Any,
     docs: Sequence[dict[str, Any]],
     *,
     progress: Progress | None = None,
     page: int = PAGE,
+    keys: ChainKeys | None = None,
 ) -> ArchiveReport:
-    """Verify the archive in `dest`, then `store` (an `AuditStore`) from where it ends, as one
-    history (see the module docstring). `docs`: this store's checkpoint documents, file order.
+    """Verify the archive in `dests` (one location, or several an archive moved between, in any order),
+    then `store` (an `AuditStore`) from where it ends, as one history (see the module docstring).
+    `docs`: the trusted records (`mrtr_keys.audit.trust.gather`: this store's are used); `keys`: the chain
+    keys of keyed links.
 
     Raises:
-        mrtr_keys.errors.AuditError: the store or the destination cannot be read (a problem *in*
-        the archive is a break in the report, not an exception).
+        mrtr_keys.errors.AuditError: the store or a location cannot be read (a problem *in* the archive is
+        a break in the report, not an exception).
     """
     started = time.monotonic()
-    report = ArchiveReport(location=dest.uri)
-    _, report.pruned_before = prune_starts(docs)
-    walker = Walker(report=report)
-    heads_docs = [d for d in docs if d.get("kind") != PRUNE]
-    pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
-    for _, head in pairs:
-        walker.expect_head(str(head["writer"]), int(head["seq"]))
+    dests = [dests] if not isinstance(dests, Sequence) else list(dests)
+    report = ArchiveReport(location=", ".join(d.uri for d in dests))
+    trust = gather(store, docs, keys=keys)
+    walker = trust.walker(report=report)
+    walker.starts = {}  # from genesis: the archive holds what was cut, and links to each cut (`_link`)
     try:
-        archived = _walk_archive(dest, docs, walker, report, progress, started, page)
-        _link(archived, docs, walker)
+        archived = _walk_archive(dests, trust, walker, report, progress, started, page)
+        _link(archived, trust, walker)
     except _Stop as stop:
         report.breaks.append(stop.brk)
         report.seconds = time.monotonic() - started
         return report
     walk_pages(walker, store, 0, page, progress, started)
-    walker.finish(pairs)
+    trust.finish(walker)
     report.seconds = time.monotonic() - started
     return report
 
 
 def _walk_archive(
-    dest: Destination,
-    docs: Sequence[dict[str, Any]],
+    dests: Sequence[Destination],
+    trust: Trust,
     walker: Walker,
     report: ArchiveReport,
     progress: Progress | None,
@@ -287,19 +312,25 @@ def _walk_archive(
     page: int,
 ) -> dict[str, tuple[int, str]]:
     """Feed every archived record to `walker`; returns each chain's last archived head (seq, hash)."""
-    chain, _ = manifest_chain(dest, docs)
+    chain, _ = manifest_chain(dests, trust)
     report.manifests = len(chain)
-    listed = {name for name, _ in chain} | {str(seg["file"]) for _, doc in chain for seg in doc["segments"]}
-    report.unlisted = [name for name in dest.list("") if name not in listed]
+    if chain:
+        report.location = ", ".join(dict.fromkeys(d.uri for d, _, _ in reversed(chain)))
+    for dest in dests:
+        listed = {n for d, n, _ in chain if d is dest} | {
+            str(seg["file"]) for d, _, doc in chain if d is dest for seg in doc["segments"]
+        }
+        prefix = "" if len(dests) == 1 else f"{dest.uri}: "
+        report.unlisted += [prefix + name for name in dest.list("") if name not in listed]
     heads: dict[str, tuple[int, str]] = {}
-    for mname, doc in chain:
+    for dest, mname, doc in chain:
         for seg in doc["segments"]:
             writer = str(seg["writer"])
             have = heads.get(writer)
             if have is None:
                 heads[writer] = have = (int(seg["prev_seq"]), str(seg["prev_hash"]))
                 if have != (0, GENESIS):  # a chain pruned before it was first archived: trust the recorded cut
-                    cut = _cut_at(docs, writer, have[0])
+                    cut = trust.cut_at(writer, have[0])
                     if cut is None or cut.hash != have[1]:
                         raise _fail(
                             f"segment {seg['file']} starts chain {writer} after seq {have[0]}, which no prune "
@@ -329,21 +360,12 @@ def _start_at(walker: Walker, start: Start) -> None:
     walker.starts[start.writer] = start
     c = walker.chain(start.writer)
     c.start, c.expected, c.head, c.start_hash = start.seq, start.seq + 1, start.hash, start.hash
+    c.closed, c.keyed = start.seq, is_keyed(start.hash)
 
 
-def _cut_at(docs: Sequence[dict[str, Any]], writer: str, seq: int) -> Start | None:
-    for doc in docs:
-        if doc.get("kind") == PRUNE:
-            for cut in [*doc.get("cuts", []), *doc.get("carried", [])]:
-                if str(cut["writer"]) == writer and int(cut["seq"]) == seq:
-                    return Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)
-    return None
-
-
-def _link(archived: dict[str, tuple[int, str]], docs: Sequence[dict[str, Any]], walker: Walker) -> None:
+def _link(archived: dict[str, tuple[int, str]], trust: Trust, walker: Walker) -> None:
     """Check each chain's archived head against the store's prune cuts; the live walk starts there."""
-    cuts, _ = prune_starts(docs)
-    for writer, cut in cuts.items():
+    for writer, cut in trust.starts.items():
         have = archived.get(writer)
         if have is None or have[0] < cut.seq:
             end = f"the archive ends at seq {have[0]}" if have else "the archive has none of its records"
@@ -364,8 +386,3 @@ def _link(archived: dict[str, tuple[int, str]], docs: Sequence[dict[str, Any]], 
     for writer, (seq, link) in archived.items():
         c = walker.chain(writer)
         c.start, c.start_hash = seq, link  # live rows at or before it: an interrupted prune
-
-
-def has_archive(docs: Sequence[dict[str, Any]]) -> bool:
-    """True if a prune checkpoint in `docs` names an archive."""
-    return any(isinstance(d.get(ARCHIVE), dict) for d in docs)

@@ -1,13 +1,15 @@
-"""Tamper evidence: each writer's records form a hash chain of batches; `verify` walks them; checkpoints pin heads.
+"""Tamper evidence: each writer's records form a chain of linked batches; `verify` walks them.
 
 Every record carries ``writer`` (one chain per writing process and store) and ``seq`` (1, 2, 3, ...
 within that writer). The writer links each committed batch (one store transaction) once: the
 batch's last record carries ``prev_hash`` (the previous batch's ``hash``; 64 zeros for the first)
-and ``hash`` = SHA-256 over ``prev_hash`` and the ``repr`` of the batch's rows in order (every
-event field, ``writer`` and ``seq`` of each, with empty ``prev_hash``/``hash``); the batch's other
-records carry empty ``prev_hash`` and ``hash``. (Records written before batch chaining carry a
-link each, a batch of one hashed as `record_hash`; `verify` reads both.) Walking a store in its
-storage order (row id, or line order for JSONL) then shows:
+and ``hash``, the link over ``prev_hash`` and the ``repr`` of the batch's rows in order (every
+event field, ``writer`` and ``seq`` of each, with empty ``prev_hash``/``hash``): an HMAC under the
+chain key (chain version 2, `mrtr_keys.audit.chain_key`), or SHA-256 in stores written before it;
+the batch's other records carry empty ``prev_hash`` and ``hash``. (Records written before batch
+chaining carry a link each, a batch of one hashed as `record_hash`; `verify` reads both.) Walking a
+store in its storage order (row id, or line order for JSONL,
+`mrtr_keys.audit.verify_stream`) then shows:
 
 * altered: a batch's records no longer give its ``hash`` (reported at the batch's first record);
 * deleted: a writer's ``seq`` skips numbers;
@@ -17,27 +19,23 @@ storage order (row id, or line order for JSONL) then shows:
   records appended).
 
 What a chain alone cannot show: a cut-off tail (the newest batches of a writer deleted, or a
-whole writer's records removed), or a chain rewritten end to end by someone who can recompute
-it. The remedy is a checkpoint (`make_checkpoint`, ``mrtr-keys audit checkpoint``): the head
-(last seq and hash) of every chain, written to a place the store's writers cannot rewrite (a
-file owned by another account, an append-only or object-locked bucket, a ticket); ``verify``
-then checks that each checkpointed head is still in the store, unchanged. See docs/audit.md.
+whole writer's records removed). The remedy is a record of the heads kept where the store's
+writers cannot rewrite it: a checkpoint (``mrtr-keys audit checkpoint``) or an anchor the service
+writes itself (`mrtr_keys.audit.anchor`); ``verify`` then checks that each recorded head is still in
+the store, unchanged (`mrtr_keys.audit.trust`). See docs/audit.md.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from mrtr_keys.audit.chain_key import ChainKey
 from mrtr_keys.audit.events import AuditEvent, format_ts
 from mrtr_keys.audit.row_repr import rows_repr
-from mrtr_keys.errors import ConfigError
 
 GENESIS = "0" * 64
 """`prev_hash` of a writer's first record."""
@@ -117,12 +115,10 @@ def batch_hash(prev_hash: str, rows: list[tuple[object, ...]]) -> str:
     return hashlib.sha256((prev_hash + rows_repr(rows)).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _unlinked_row(r: Record) -> tuple[object, ...]:
-    return (*event_values(r.event), r.writer, r.seq, "", "")
-
-
 class ChainWriter:
     """Links batches of events into one writer's chain; thread-safe (a lock around seq and head).
+
+    With a `key`, each batch's link is keyed (chain version 2, `mrtr_keys.audit.chain_key`).
 
     `link_values` must be followed by a successful store append before the next link, or the
     chain has a gap: `rollback` restores the head when an append fails.
@@ -133,11 +129,19 @@ class ChainWriter:
         """The last seq linked (the next batch starts at ``seq + 1``)."""
         return self._seq
 
-    def __init__(self, writer: str) -> None:
+    def __init__(self, writer: str, key: ChainKey | None = None) -> None:
         self.writer = writer
+        self.key = key
+        """The chain key its batches are linked with (`mrtr_keys.audit.chain_key`; None: unkeyed links)."""
         self._lock = threading.Lock()
         self._seq = 0
         self._head = GENESIS
+        self._time = ""
+
+    @property
+    def head(self) -> tuple[int, str, str] | None:
+        """(seq, hash, event time) of the last batch end linked, None before the first."""
+        return (self._seq, self._head, self._time) if self._seq else None
 
     @property
     def lock(self) -> threading.Lock:
@@ -154,8 +158,10 @@ class ChainWriter:
             h = record_hash(head, self.writer, seq, ev)
             out.append(Record(ev, self.writer, seq, head, h))
             head = h
-        self._saved = (self._seq, self._head)
+        self._saved = (self._seq, self._head, self._time)
         self._seq, self._head = seq, head
+        if out:
+            self._time = out[-1].event.time
         return out
 
     def link_values(self, values: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
@@ -172,16 +178,16 @@ class ChainWriter:
         if not rows:
             return rows
         head = self._head
-        h = batch_hash(head, rows)
+        h = batch_hash(head, rows) if self.key is None else self.key.link(head, rows_repr(rows))
         out = rows.copy()  # `rows` stays unlinked, to be linked again after a `rollback`
         out[-1] = (*rows[-1][:-2], head, h)
-        self._saved = (self._seq, self._head)
-        self._seq, self._head = self._seq + len(rows), h
+        self._saved = (self._seq, self._head, self._time)
+        self._seq, self._head, self._time = self._seq + len(rows), h, str(rows[-1][0])
         return out
 
     def rollback(self) -> None:
         """Undo the last `link` (its records were not stored)."""
-        self._seq, self._head = self._saved
+        self._seq, self._head, self._time = self._saved
 
 
 @dataclass(frozen=True)
@@ -235,75 +241,6 @@ class VerifyReport:
         }
 
 
-@dataclass
-class _Walk:
-    expected: int = 1
-    head: str = GENESIS
-    seen: set[int] = field(default_factory=set)
-    hashes: dict[int, str] = field(default_factory=dict)
-    broken: bool = False
-    batch: list[Record] = field(default_factory=list)
-    """Records of the batch being read (until the one that carries its hash)."""
-
-
-def verify(records: Iterable[Record], checkpoints: Iterable[dict[str, Any]] = ()) -> VerifyReport:
-    """Walk `records` in storage order and report the first break of every writer's chain.
-
-    `checkpoints` are documents written by `make_checkpoint`; each head in them must still be in
-    the store with the same hash (else a ``truncated`` or ``altered`` break).
-    """
-    report = VerifyReport()
-    recs = list(records)
-    report.records = len(recs)
-    later: dict[str, set[int]] = {}
-    for r in recs:
-        later.setdefault(r.writer, set()).add(r.seq)
-    walks: dict[str, _Walk] = {}
-    for r in recs:
-        w = walks.setdefault(r.writer, _Walk())
-        if r.hash:
-            w.hashes.setdefault(r.seq, r.hash)
-        if w.broken:
-            continue
-        problem = _check(r, w, later[r.writer])
-        if problem is None:
-            w.seen.add(r.seq)
-            w.expected = r.seq + 1
-            w.batch.append(r)
-            if r.hash:  # the batch's last record: check its link
-                problem, at = _check_batch(w.batch, w.head), w.batch[0]
-                w.batch = []
-                w.head = r.hash
-        else:
-            at = r
-        if problem is not None:
-            kind, detail = problem
-            report.breaks.append(Break(kind, r.writer, at.position, at.seq, at.event.time, detail))
-            w.broken = True
-    for writer, w in walks.items():
-        if w.batch and not w.broken:
-            first, end = w.batch[0], w.batch[-1]
-            detail = (
-                f"records seq {first.seq}..{end.seq} end without their batch's hash: its last records "
-                "were deleted, or these were added"
-            )
-            report.breaks.append(Break("truncated", writer, first.position, first.seq, first.event.time, detail))
-            w.broken = True
-    report.chains = len(walks)
-    for doc in checkpoints:
-        for head in doc.get("heads", []):
-            report.checkpoints_checked += 1
-            writer, seq = str(head["writer"]), int(head["seq"])
-            walk = walks.get(writer)
-            if any(b.writer == writer for b in report.breaks):
-                continue
-            have = walk.hashes.get(seq) if walk else None
-            found = checkpoint_break(doc, head, have, last=(walk.expected - 1) if walk else 0)
-            if found is not None:
-                report.breaks.append(found)
-    return report
-
-
 def checkpoint_break(doc: dict[str, Any], head: dict[str, Any], have: str | None, *, last: int) -> Break | None:
     """What one checkpoint `head` (of checkpoint document `doc`) says of the chain as stored: ``truncated``
     when the store has no record at the head's seq (`have` is None; the chain ends at seq `last`),
@@ -315,34 +252,6 @@ def checkpoint_break(doc: dict[str, Any], head: dict[str, Any], have: str | None
     if have != want:
         detail = f"the record at seq {seq} differs from the checkpoint of {doc.get('time')} (chain rewritten)"
         return Break("altered", writer, 0, seq, head.get("time"), detail)
-    return None
-
-
-def _check(r: Record, w: _Walk, all_seqs: set[int]) -> tuple[str, str] | None:
-    """The sequence checks of one record (its place in its writer's numbering)."""
-    if r.seq == w.expected:
-        return None
-    if r.seq < w.expected:
-        if r.seq in w.seen:
-            return "inserted", f"record seq {r.seq} appears twice"
-        return "reordered", f"record seq {r.seq} is stored after seq {w.expected - 1}"
-    missing = range(w.expected, r.seq)
-    if any(s in all_seqs for s in missing):
-        return "reordered", f"record seq {r.seq} is stored before seq {w.expected}"
-    if len(missing) == 1:
-        return "deleted", f"record seq {w.expected} is missing (before seq {r.seq})"
-    return "deleted", f"records seq {w.expected}..{r.seq - 1} are missing (before seq {r.seq})"
-
-
-def _check_batch(batch: list[Record], head: str) -> tuple[str, str] | None:
-    """The link of one batch (its last record carries it): content, then the link to `head`."""
-    last = batch[-1]
-    legacy = len(batch) == 1 and record_hash(last.prev_hash, last.writer, last.seq, last.event) == last.hash
-    if not legacy and batch_hash(last.prev_hash, [_unlinked_row(r) for r in batch]) != last.hash:
-        span = f"seq {batch[0].seq}..{last.seq}" if len(batch) > 1 else f"seq {last.seq}"
-        return "altered", f"records {span}: their fields do not match their batch's hash"
-    if last.prev_hash != head:
-        return "inserted", f"the batch ending at seq {last.seq} does not link to the batch before it"
     return None
 
 
@@ -359,58 +268,3 @@ def heads(records: Iterable[Record]) -> list[dict[str, Any]]:
 def make_checkpoint(records: Iterable[Record], *, store_url: str, now: float) -> dict[str, Any]:
     """A checkpoint document: when, which store, and every chain's head."""
     return {"time": format_ts(now), "store": store_url, "heads": heads(records)}
-
-
-def append_checkpoint(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
-    """Append `doc` as one JSON line to `path` (created mode 0600)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(json.dumps(doc, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_checkpoints(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The checkpoint documents in `path` (none if it does not exist).
-
-    Raises:
-        ConfigError: a line is not a checkpoint document, or `path` is not a regular file.
-    """
-    p = Path(path)
-    if not p.exists():
-        return
-    if not p.is_file():  # a directory, FIFO or device (a link to /dev/zero was read until memory ran out)
-        raise ConfigError(f"{p}: not a checkpoint file (not a regular file)")
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                raise ConfigError(f"{p}:{n}: not a checkpoint (bad JSON)") from None
-            if not isinstance(doc, dict) or not isinstance(doc.get("heads"), list):
-                raise ConfigError(f"{p}:{n}: not a checkpoint")
-            if not _well_formed(doc):
-                raise ConfigError(
-                    f"{p}:{n}: not a checkpoint (a head or cut without a writer, seq and hash, or a store_id not text)"
-                )
-            yield doc
-
-
-def _well_formed(doc: dict[str, Any]) -> bool:
-    """Every head and cut a dict of a text ``writer`` and ``hash`` and a whole ``seq`` >= 0, a
-    ``store_id`` text if present (what the walks index by; an edited file crashed them)."""
-    for part in ("heads", "cuts", "carried"):
-        entries = doc.get(part, [])
-        if not isinstance(entries, list):
-            return False
-        for e in entries:
-            if not isinstance(e, dict) or not isinstance(e.get("writer"), str) or not isinstance(e.get("hash"), str):
-                return False
-            seq = e.get("seq")
-            if seq.__class__ is not int or seq < 0:
-                return False
-    return doc.get("store_id") is None or isinstance(doc.get("store_id"), str)

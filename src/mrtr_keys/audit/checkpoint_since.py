@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mrtr_keys.audit import switch
+from mrtr_keys.audit.chain_key import ChainKeys
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.ledger import PRUNE
 from mrtr_keys.audit.store_match import stamp
-from mrtr_keys.audit.verify_stream import PRUNE
 
 OVERLAP = 50_000
 """Records before the last checkpoint's position read again (transactions committing out of id order)."""
@@ -33,11 +35,12 @@ def last_position(docs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def make_checkpoint_since(
-    store: Any, docs: Sequence[dict[str, Any]], *, now: float, full: bool = False
+    store: Any, docs: Sequence[dict[str, Any]], *, now: float, full: bool = False, keys: ChainKeys | None = None
 ) -> dict[str, Any]:
     """A checkpoint document of `store` (``time``, ``store``, ``store_id``, ``heads``, ``position``,
-    ``read_from``): every chain's head, reading only the records after the last checkpoint in
-    `docs` that has a position (all of them with `full` or when there is none).
+    ``read_from``, and ``chain_switch`` when the store records one): every chain's head, reading only
+    the records after the last checkpoint in `docs` that has a position (all of them with `full` or
+    when there is none); MACed with the current chain key of `keys` (`mrtr_keys.audit.chain_key`).
 
     Raises:
         AuditError: the store cannot be read.
@@ -58,4 +61,10 @@ def make_checkpoint_since(
         position = max(position, int(rows[-1][0]))
         del rows
     doc = stamp({"time": format_ts(now)}, store)
-    return {**doc, "heads": list(heads.values()), "position": position, "read_from": after}
+    doc = {**doc, "heads": list(heads.values()), "position": position, "read_from": after}
+    if keys is not None:
+        found = switch.read(store, keys)
+        if found is not None and found.problem is None:
+            doc[switch.NAME] = found.to_json()
+        keys.current.sign(doc)
+    return doc

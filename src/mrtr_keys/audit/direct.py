@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 
 from mrtr_keys.audit.chain import ChainWriter, event_values
+from mrtr_keys.audit.chain_key import ChainKey
 from mrtr_keys.audit.events import OP_RING_LOADED, AuditEvent, format_ts, instance_id
 from mrtr_keys.audit.stores.base import AuditStore, stored_prefix
 from mrtr_keys.audit.tx_size import TransactionSize
@@ -40,17 +41,21 @@ RESUMES_KEPT = 4
 
 
 class DirectWriter:
-    """Synchronous appends to `store` on chain `writer` (see the module docstring)."""
+    """Synchronous appends to `store` on chain `writer`, linked with chain key `key` (see the module docstring)."""
 
-    def __init__(self, store: AuditStore, writer: str, *, most: int = DEFAULT_MOST) -> None:
+    def __init__(
+        self, store: AuditStore, writer: str, *, most: int = DEFAULT_MOST, key: ChainKey | None = None
+    ) -> None:
         self.store = store
-        self.chain = ChainWriter(writer)
+        self.chain = ChainWriter(writer, key)
         self.size = TransactionSize(most)
         """Events per transaction now (`most` until a write fails; `mrtr_keys.audit.tx_size`)."""
         self.error: str | None = None
         """Why the last append or probe failed (None once one succeeded)."""
         self.written = 0
         self.failures = 0
+        self.stored_head: tuple[int, str, str] | None = None
+        """(seq, hash, time) of the chain's last batch end known stored (`mrtr_keys.audit.anchor`)."""
         self._loaded: set[tuple[str | None, int]] = set()
         self.unrecorded: list[tuple[tuple[str | None, int], AuditEvent]] = []
         self._count_lock = threading.Lock()
@@ -137,9 +142,15 @@ class DirectWriter:
         kept.append((values, done))
         self._resume = kept[-RESUMES_KEPT:]
 
+    def heads(self) -> dict[str, tuple[int, str, str]]:
+        """{chain id: `stored_head`} once a batch is stored (what the service anchors)."""
+        head = self.stored_head
+        return {} if head is None else {self.chain.writer: head}
+
     def _stored(self, n: int) -> None:
         with self._count_lock:
             self.written += n
+        self.stored_head = self.chain.head
         self.error = None
 
     def write_now(self, events: Sequence[AuditEvent]) -> None:

@@ -54,7 +54,7 @@ def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) ->
         ConfigError: the file is not 32 bytes, is accessible by group or others, or cannot be
             read or created.
     """
-    shared = os.environ.get(ENV_AUDIT_KEY_FILE, "").strip()
+    shared = shared_key_file()
     if shared:
         return load_shared_audit_key(shared)
     path = Path(directory) / AUDIT_KEY_FILE
@@ -72,6 +72,11 @@ def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) ->
     if len(data) != AUDIT_KEY_BYTES:
         raise ConfigError(f"audit key {path} must hold exactly {AUDIT_KEY_BYTES} bytes")
     return data
+
+
+def shared_key_file() -> str | None:
+    """The fleet's shared audit key file (``MRTR_KEYS_AUDIT_KEY_FILE``), or None (each host's own ``audit.key``)."""
+    return os.environ.get(ENV_AUDIT_KEY_FILE, "").strip() or None
 
 
 def load_shared_audit_key(path: str | os.PathLike[str]) -> bytes:

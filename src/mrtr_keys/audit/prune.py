@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mrtr_keys.audit.chain import append_checkpoint
+from mrtr_keys.audit.chain_key import ChainKeys
 from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.ledger import PRUNE, FileLedger
 from mrtr_keys.audit.store_match import stamp
 from mrtr_keys.audit.stores.hours import ODD, hour_of
-from mrtr_keys.audit.verify_stream import PAGE, PRUNE, Walker, prune_starts
+from mrtr_keys.audit.trust import gather, prune_starts
+from mrtr_keys.audit.verify_stream import PAGE, Walker
 from mrtr_keys.errors import AuditError, ConfigError
 
 DELETE_PAGE = 5_000
@@ -88,6 +90,7 @@ def prune(
     page: int = PAGE,
     progress: Progress | None = None,
     archive: ArchiveTap | None = None,
+    keys: ChainKeys | None = None,
 ) -> PruneResult:
     """Delete the records of `store` older than `before` (an event time string) chain by chain at
     batch boundaries, after appending the cut to `checkpoint_path` (see the module docstring).
@@ -96,6 +99,8 @@ def prune(
     each chain's walk starts). `archive` (``audit archive``, `mrtr_keys.audit.archive`) is shown
     every verified page and, before the checkpoint is written, asked to seal what it kept: what it
     returns goes in the checkpoint as ``"archive"``; if it raises, nothing is written or deleted.
+    `keys`: the chain keys the walk checks keyed links with (`mrtr_keys.audit.chain_key`), and that
+    MAC the checkpoint it writes.
 
     Raises:
         ConfigError: the store cannot be pruned (JSONL); AuditError: a chain before the cut is
@@ -108,9 +113,10 @@ def prune(
         )
     started = time.monotonic()
     result = PruneResult(before=before)
-    starts, _ = prune_starts(docs)
+    trust = gather(store, docs, keys=keys)
+    starts = trust.starts
     high = store.last_position_before(before)
-    walker = Walker(starts=starts, skip_before_start=True, cut_before=before)
+    walker = trust.walker(heads=False, skip_before_start=True, cut_before=before)
     for rows in store.row_batches(0, page):
         if rows[0][0] > high:
             break
@@ -122,7 +128,7 @@ def prune(
         if progress is not None:
             progress("verify", walker.report.records, time.monotonic() - started)
     result.checked = walker.report.records
-    broken = walker.broken()
+    broken = walker.broken() + trust.problems(walker.report.keyed)
     if broken:
         b = min(broken, key=lambda b: b.position or 1 << 62)
         raise AuditError(
@@ -151,7 +157,9 @@ def prune(
             doc["carried"] = carried
         if archive is not None:
             doc["archive"] = archive.seal(result.cuts)
-        append_checkpoint(checkpoint_path, doc)
+        if keys is not None:
+            keys.current.sign(doc)
+        FileLedger(Path(checkpoint_path)).append(doc)
         result.checkpoint = str(checkpoint_path)
     dropped = _drop_partitions(store, before, limits)
     seen: dict[str, Any] = {"newest": None, "odd": bool(dropped)}

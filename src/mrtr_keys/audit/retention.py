@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mrtr_keys.audit.chain_key import ChainKey
 from mrtr_keys.audit.events import format_ts, parse_when, plural
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.urls import redact
@@ -91,6 +92,9 @@ class Retention:
         keep: how much to keep (``30d``).
         checkpoints: the checkpoint file the cuts go to.
         ttl: callable giving the ring's TTL in seconds now (the gate window).
+        chain_keys: the chain keys the prune's walk checks keyed links with (the writers' current one
+            first, then retired ones, `mrtr_keys.audit.chain_key`); they reach the run's process through
+            its stdin pipe only. Without them a keyed link stops the prune.
     """
 
     def __init__(
@@ -102,8 +106,10 @@ class Retention:
         *,
         interval: float = DEFAULT_INTERVAL,
         deadline: float = DEFAULT_DEADLINE,
+        chain_keys: list[ChainKey] | None = None,
     ) -> None:
         self.url, self.keep, self.checkpoints, self._ttl = url, check_keep(keep), Path(checkpoints), ttl
+        self._chain_keys = list(chain_keys or ())
         self.interval, self.deadline = interval, deadline
         self.last_success: float | None = None
         self.last_attempt: float | None = None
@@ -150,6 +156,7 @@ class Retention:
             "now": now,
             "deadline": self.deadline,
             "libpq": {k: v for k, v in os.environ.items() if k.startswith("PG")},
+            "chain_keys": [k.material().hex() for k in self._chain_keys],
         }
         try:
             result = self._in_child(request)

@@ -6,13 +6,13 @@ prune ran (bench part ``audit_scale``, retention rows). In a child process at ``
 for a core only, and the scheduler gives requests the precedence.
 
 Protocol: the parent writes one JSON object on stdin, ``{"url", "checkpoints", "before", "now",
-"deadline", "libpq"}`` (the store URL may hold a password and libpq's ``PG*`` variables may too: they
-travel through this pipe only, never argv or the environment: the environment is
-`mrtr_keys.audit.writer.child_writer.child_environment`), then closes it. The child prints one JSON
-object on stdout: ``{"ok": true, "deleted": N, "seconds": S}``, ``{"ok": false, "error": "one line"}``
-or ``{"ok": false, "skipped": true}`` (another process holds the checkpoint file's lock). SIGTERM
-stops the verifying walk at its next page (nothing deleted); a deletion under way runs to its end,
-as the cut is already recorded.
+"deadline", "libpq", "chain_keys"}`` (the store URL may hold a password, libpq's ``PG*`` variables
+may too, and the chain keys, hex, are secrets: they travel through this pipe only, never argv or the
+environment: the environment is `mrtr_keys.audit.writer.child_writer.child_environment`), then closes
+it. The child prints one JSON object on stdout: ``{"ok": true, "deleted": N, "seconds": S}``,
+``{"ok": false, "error": "one line"}`` or ``{"ok": false, "skipped": true}`` (another process holds
+the checkpoint file's lock). SIGTERM stops the verifying walk at its next page (nothing deleted); a
+deletion under way runs to its end, as the cut is already recorded.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from mrtr_keys.hardening import CHILD_FLAG, harden_process
@@ -32,8 +33,9 @@ NICENESS = 10
 
 def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
     """One prune per `request` (see the module docstring); `stopping[0]` turns True on SIGTERM."""
-    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.chain_key import ChainKey, ChainKeys
     from mrtr_keys.audit.events import plural
+    from mrtr_keys.audit.ledger import FileLedger
     from mrtr_keys.audit.prune import prune, pruner_lock
     from mrtr_keys.audit.store_match import checkpoints_of
     from mrtr_keys.audit.stores.url import open_store
@@ -41,6 +43,8 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
     from mrtr_keys.urls import remember, scrub
 
     remember(request["url"])
+    given = [ChainKey.from_material(bytes.fromhex(k)) for k in request.get("chain_keys") or ()]
+    keys = ChainKeys(given) if given else None
     started = time.monotonic()
     deadline = float(request["deadline"])
 
@@ -59,7 +63,7 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
                 return {"ok": False, "skipped": True}
             store: Any = open_store(request["url"])
             try:
-                docs = checkpoints_of(read_checkpoints(request["checkpoints"]), store).docs
+                docs = checkpoints_of(FileLedger(Path(request["checkpoints"])).read(), store).docs
                 result = prune(
                     store,
                     request["before"],
@@ -67,6 +71,7 @@ def run(request: dict[str, Any], stopping: list[bool]) -> dict[str, Any]:
                     str(request["checkpoints"]),
                     now=float(request["now"]),
                     progress=progress,
+                    keys=keys,
                 )
             finally:
                 store.close()

@@ -35,7 +35,7 @@ that waits. Each retry re-sends the same event, stored once whether or not the c
 
 
 def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
-    """The audit event for one saved change."""
+    """The audit event for one saved change, at `now`, else when the keystore's save returned, else now."""
     details = result.details
     op = result.op
     audience: str | None = None
@@ -62,7 +62,7 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
         if op == "init" and details.get("format") == "sdk-v1":
             reason = reason or "sdk-v1"  # a ring started from the MCP SDK's keys (docs/migration.md)
     return AuditEvent(
-        time=format_ts(time.time() if now is None else now),
+        time=format_ts(now if now is not None else result.saved_at or time.time()),
         instance=instance_id(),
         op=op,
         kid=None if kid is None else str(kid),

@@ -23,8 +23,7 @@ A rejection the MCP SDK reports just after our codec unsealed a token (`mrtr_key
 replaces that ``unseal ok`` item in the queue with one ``unseal rejected`` event carrying the SDK's
 reason (`retract`); only if the item already left the queue is the rejection an event of its own.
 Synchronous writes (`write_now`, `ring_loaded`) happen in the caller's process, on the sink's
-own chain. Every sink is closed at interpreter exit and renewed in a forked child
-(`mrtr_keys.audit.live`).
+own chain. Every sink is closed at interpreter exit and renewed in a forked child (`mrtr_keys.audit.live`).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from mrtr_keys.audit import switch
 from mrtr_keys.audit.direct import DirectWriter
 from mrtr_keys.audit.events import OK, AuditEvent, format_ts, instance_id
 from mrtr_keys.audit.fingerprint import Fingerprinter
@@ -75,13 +75,13 @@ class AuditSink:
         store: an open `AuditStore` (the sink owns and closes it; process mode uses it for
             `write_now` and reads, and the child opens its own connection).
         fingerprinter: fingerprints tokens (thread mode), or hands its key to the child.
-        capacity: hard bound in events; `max_bytes`: hard bound in bytes; `max_wait`: seconds a
-            caller may be slowed at the high-water mark; `batch`: most events per write (thread
-            mode); `interval`: writer period (s; default 0.05; a process-mode background thread's
-            shortest sleep).
+        capacity: hard bound in events; `max_bytes`: hard bound in bytes; `max_wait`: seconds a caller may be
+            slowed at the high-water mark; `batch`: most events per write (thread mode); `interval`: writer
+            period (s; default 0.05; a process-mode background thread's shortest sleep).
         mode: ``"thread"`` or ``"process"`` (see the module docstring).
-        url: the store URL the child opens (process mode; default `store.url`, which has any
-            password removed, so pass the real one for a password-protected PostgreSQL).
+        url: the store URL the child opens (process mode; default `store.url`, which has any password
+            removed, so pass the real one for a password-protected PostgreSQL).
+        chain_key: links batches (default: from the audit key; ConfigError: `mrtr_keys.audit.switch.writer_key`).
     """
 
     def __init__(
@@ -97,6 +97,7 @@ class AuditSink:
         reopen: Callable[[], AuditStore] | None = None,
         mode: Mode = "thread",
         url: str | None = None,
+        chain_key: switch.ChainKey | None = None,
     ) -> None:
         if mode not in ("thread", "process"):
             raise ValueError("mode must be 'thread' or 'process'")
@@ -113,6 +114,7 @@ class AuditSink:
         self.interval = interval
         self._url = url or store.url
         self._fp = fingerprinter
+        self.chain_key = switch.writer_key(store, fingerprinter.key_bytes(), chain_key)
         self._reopen = reopen
         self._start()
         live.add(self)
@@ -124,7 +126,8 @@ class AuditSink:
         """Queue one `AuditItem` (`AuditQueue.submit`: slowed past the high-water mark; never raises)."""
         self.submit_many = q.submit_many
         """Queue a list of `AuditItem` in order under one lock (`AuditQueue.submit_many`)."""
-        self._direct = DirectWriter(self.store, f"{instance_id()}#{next(_writer_ids)}", most=self.batch)
+        writer = f"{instance_id()}#{next(_writer_ids)}"
+        self._direct = DirectWriter(self.store, writer, most=self.batch, key=self.chain_key)
         self._cond = threading.Condition()
         self._flush_requested = 0
         self._flush_done = 0
@@ -290,6 +293,10 @@ class AuditSink:
         defer = not self.healthy
         if not self._direct.ring_loaded(audience, generation, kid, strict=strict, defer=defer):
             self._wake.set()
+
+    def heads(self) -> dict[str, tuple[int, str, str]]:
+        """Chain id -> (seq, hash, time) of the last batch end stored of each chain it writes (`audit.anchor`)."""
+        return {**(self._process.heads() if self._process is not None else {}), **self._direct.heads()}
 
     def probe(self) -> bool:
         """Try a read of the store now; True if it answered and nothing else is failing."""

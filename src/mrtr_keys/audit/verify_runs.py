@@ -53,6 +53,8 @@ class RunWalk:
                 name = view.name(w)
                 if w in view.codec.names:
                     c = by_raw[w] = self.chain(name)
+                    if c.began is None:
+                        c.began = lo
             if c is not None and c.brk is not None:
                 gap = c.gap
                 if gap is not None and s0 < gap[1] and s1 > gap[0]:  # one of seqs s0..s1-1 is in the gap

@@ -1,8 +1,9 @@
 """Streaming ``audit verify``: every chain walked from raw rows read in bounded pages, from genesis,
 from a prune's cut, or from a checkpoint forward.
 
-Same findings as `mrtr_keys.audit.chain.verify` (deleted, altered, inserted, reordered,
-truncated; checkpointed heads present and unchanged), with memory bounded by one page of rows plus,
+Findings: deleted, altered, inserted, reordered, truncated (`mrtr_keys.audit.chain`), keyed links
+checked with the chain keys (`mrtr_keys.audit.chain_key`), checkpointed heads present and unchanged;
+memory bounded by one page of rows plus,
 per chain, its open batch (a batch is one writer transaction, at most 2 000 events for the
 product's writers; a longer one is hashed incrementally past `MAX_PENDING` rows) and a few
 numbers. Nothing grows with the log: a gap in a chain is classified (``deleted``, or
@@ -34,13 +35,11 @@ from typing import Any
 
 from mrtr_keys.audit import verify_parallel
 from mrtr_keys.audit.chain import GENESIS, Break, VerifyReport, checkpoint_break, hash_values
+from mrtr_keys.audit.chain_key import PREFIX, ChainKeys, is_keyed, key_id_of
 from mrtr_keys.audit.verify_runs import MAX_PENDING, RunWalk
-from mrtr_keys.errors import ConfigError
 
 PAGE = 20_000
 """Rows read per page (keyset on the storage position)."""
-PRUNE = "prune"
-"""``kind`` of a checkpoint document written by ``audit prune``."""
 
 _EMPTY = ("", "")
 Progress = Callable[[int, float], None]
@@ -69,11 +68,20 @@ class StreamReport(VerifyReport):
     seconds: float = 0.0
     writers: set[str] = field(default_factory=set)
     """The chains the walk found records of (`mrtr_keys.audit.store_match.id_break`; not in `to_json`)."""
+    keyed: int = 0
+    """Records verified in batches with keyed links (chain version 2, `mrtr_keys.audit.chain_key`)."""
+    unkeyed: int = 0
+    """Records verified in batches with SHA-256 links (written before the store's switch to keyed links)."""
+    switch: dict[str, Any] | None = None
+    """The store's switch to keyed links (`mrtr_keys.audit.switch`), if it records one."""
 
     def to_json(self) -> dict[str, Any]:
         rate = self.records / self.seconds if self.seconds > 0 else None
         return {
             **super().to_json(),
+            "keyed": self.keyed,
+            "unkeyed": self.unkeyed,
+            "chain_switch": self.switch,
             "since": self.since,
             "pruned_before": self.pruned_before,
             "seconds": round(self.seconds, 3),
@@ -83,12 +91,15 @@ class StreamReport(VerifyReport):
 
 class _Chain:
     __slots__ = (
+        "began",
         "brk",
+        "closed",
         "expected",
         "first",
         "gap",
         "hasher",
         "head",
+        "keyed",
         "nonlink",
         "pending",
         "pieces",
@@ -105,12 +116,15 @@ class _Chain:
         self.start = start.seq if start else 0
         self.expected = self.start + 1
         self.head = self.start_hash = start.hash if start else GENESIS
+        self.closed = self.start  # the seq of the last batch end verified
+        self.keyed = is_keyed(self.head)  # from here on, every link must be keyed
+        self.began: int | None = None  # the storage position of its first record walked
         self.pending: list[Any] = []  # row tuples (`Walker.feed`) or their repr (`Walker.feed_pieces`)
         self.pieces = 0  # how many of `pending` are repr strings
         self.nonlink = 0  # rows of the open batch without a link, when fed runs (`Walker.feed_runs`)
         self.runs: list[tuple[int, int, int]] = []  # (first position, last position, first seq) of its runs
         self.first: Sequence[Any] = ()
-        self.hasher: Any = None
+        self.hasher: _Spilled | None = None
         self.brk: list[Any] | None = None  # [kind, position, seq, time, detail]
         self.gap: tuple[int, int] | None = None  # missing seqs [lo, hi) awaiting classification
         self.skip_before = skip_before
@@ -130,6 +144,11 @@ class Walker(RunWalk):
     (what ``audit prune`` cuts at)."""
     cuts: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     """writer -> (seq, hash, time) of that batch end."""
+    keys: ChainKeys | None = None
+    """The chain keys keyed links are checked with (None: a keyed link cannot be verified, a break)."""
+    switch_at: int | None = None
+    """The storage position of the store's switch to keyed links (`mrtr_keys.audit.switch`): a chain
+    that begins after it must be keyed from its first batch. None: no switch recorded."""
     _chains: dict[str, _Chain] = field(default_factory=dict)
     _by_raw: dict[int, _Chain] = field(default_factory=dict)  # a name id -> its chain (`feed_runs`)
     _view: Any = None
@@ -148,6 +167,8 @@ class Walker(RunWalk):
             c = chains.get(writer)
             if c is None:
                 c = self.chain(writer)
+                if c.began is None:
+                    c.began = row[0]
             seq = row[13]
             if c.brk is not None:
                 gap = c.gap
@@ -183,39 +204,48 @@ class Walker(RunWalk):
 
     def _spill(self, c: _Chain) -> None:
         """Hash the open batch's rows so far incrementally (seeded with the chain's head)."""
+        self._began(c)
         text = self._text(c)[1:-1]
         if c.hasher is None:
-            c.hasher = hashlib.sha256((c.head + "[").encode("utf-8", "surrogatepass"))
+            c.hasher = _Spilled(c.head + "[", self.keys)
         else:
             text = ", " + text
         c.hasher.update(text.encode("utf-8", "surrogatepass"))
         c.pending = []
         c.pieces = 0
 
+    def _began(self, c: _Chain) -> None:
+        if c.began is None:  # a chain made by `expect_head` before its first record
+            c.began = c.runs[0][0] if c.runs else c.first[0]
+
     def _close(self, c: _Chain, row: tuple[Any, ...]) -> None:
         """The batch's last record (`row`) carries its link: check content, then the link."""
         prev, link, seq = row[14], row[15], row[13]
         n = c.nonlink + 1 if c.runs else len(c.pending)  # rows in the batch (unless spilled)
+        self._began(c)
+        keyed = is_keyed(link)
         problem = None
         if c.hasher is not None or c.nonlink >= MAX_PENDING:  # a long batch: hashed from the expected head
             if c.hasher is None:  # fed as runs, not spilled yet: as if it had been
-                c.hasher = hashlib.sha256((c.head + self._text(c)).encode("utf-8", "surrogatepass"))
+                c.hasher = _Spilled(c.head, self.keys)
+                c.hasher.update(self._text(c).encode("utf-8", "surrogatepass"))
             else:
                 c.hasher.update((", " + self._text(c)[1:]).encode("utf-8", "surrogatepass"))
             if prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
-            elif c.hasher.hexdigest() != link:
-                problem = (
-                    "altered",
-                    f"records seq {self._first(c, n)[13]}..{seq}: their fields do not match their batch's hash",
-                )
+            else:
+                problem = self._link_problem(c, c.hasher.link(link), link, keyed, seq, n)
             c.hasher = None
         else:
-            digest = hashlib.sha256((prev + self._text(c)).encode("utf-8", "surrogatepass")).hexdigest()
-            if digest != link and not (n == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link):
-                span = f"seq {self._first(c, n)[13]}..{seq}" if n > 1 else f"seq {seq}"
-                problem = "altered", f"records {span}: their fields do not match their batch's hash"
-            elif prev != c.head:
+            if keyed:
+                key = self.keys.of_link(link) if self.keys is not None else None
+                digest = None if key is None else key.link(prev, self._text(c))
+            else:
+                digest = hashlib.sha256((prev + self._text(c)).encode("utf-8", "surrogatepass")).hexdigest()
+                if digest != link and n == 1 and hash_values(prev, c.writer, seq, row[1:12]) == link:
+                    digest = link  # a record of a store written before batch chaining: a link each
+            problem = self._link_problem(c, digest, link, keyed, seq, n)
+            if problem is None and prev != c.head:
                 problem = "inserted", f"the batch ending at seq {seq} does not link to the batch before it"
         first = self._first(c, n) if problem is not None else None
         c.pending, c.runs = [], []
@@ -223,11 +253,44 @@ class Walker(RunWalk):
         if problem is not None and first is not None:
             c.brk = [problem[0], first[0], first[13], first[1], problem[1]]
             return
+        if keyed:
+            self.report.keyed += seq - c.closed
+            c.keyed = True
+        else:
+            self.report.unkeyed += seq - c.closed
+        c.closed = seq
         c.head = link
         if self.cut_before is not None and row[1] < self.cut_before:
             self.cuts[c.writer] = (seq, link, row[1])
         if c.wanted and seq in c.wanted:
             c.wanted[seq] = link
+
+    def _link_problem(
+        self, c: _Chain, digest: str | None, link: str, keyed: bool, seq: int, n: int
+    ) -> tuple[str, str] | None:
+        """What is wrong with a batch's link given what its rows give (`digest`; None: no key for it)."""
+        switch = self.switch_at
+        if digest is None:
+            why = (
+                f"their batch is linked under chain key id {key_id_of(link)!r}, which this verifier does not hold "
+                "(a store written under another audit key; if it is a retired key of this fleet, name its file in "
+                "MRTR_KEYS_AUDIT_OLD_KEY_FILES)"
+            )
+        elif digest != link:
+            why = "their fields do not match their batch's hash"
+        elif keyed:
+            return None
+        elif c.keyed:
+            why = "an unkeyed link after this chain's keyed ones (a rewrite without the chain key)"
+        elif switch is not None and (c.began or 0) > switch and not (c.start and not is_keyed(c.start_hash)):
+            why = (
+                f"an unkeyed link in a chain that began after the store's switch to keyed links (position "
+                f"{switch}): written without the chain key"
+            )
+        else:
+            return None
+        span = f"seq {self._first(c, n)[13]}..{seq}" if n > 1 else f"seq {seq}"
+        return "altered", f"records {span}: {why}"
 
     def _out_of_order(self, c: _Chain, row: tuple[Any, ...]) -> None:
         seq = row[13]
@@ -298,105 +361,26 @@ class Walker(RunWalk):
         return report
 
 
-def prune_starts(docs: Iterable[dict[str, Any]]) -> tuple[dict[str, Start], str | None]:
-    """Every chain's cut from the prune checkpoints in `docs` (the highest seq per chain; ``cuts``,
-    and ``carried``: earlier cuts a prune recorded again under the store id, `mrtr_keys.audit.prune`),
-    and the newest prune's ``before`` time."""
-    starts: dict[str, Start] = {}
-    before: str | None = None
-    for doc in docs:
-        if doc.get("kind") != PRUNE:
-            continue
-        before = max(before or "", str(doc.get("before") or "")) or None
-        for cut in [*doc.get("cuts", []), *doc.get("carried", [])]:
-            writer, seq = str(cut["writer"]), int(cut["seq"])
-            if writer not in starts or seq > starts[writer].seq:
-                starts[writer] = Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)
-    return starts, before
+class _Spilled:
+    """The incremental hash of a long batch, as every link it may carry: SHA-256, or the HMAC of each key."""
 
+    __slots__ = ("macs", "sha")
 
-def pick_since(docs: Sequence[dict[str, Any]], since: str) -> dict[str, Any]:
-    """The checkpoint to start from: the newest one written at or before `since` (an event time
-    string), or the newest of all for ``last`` (``audit checkpoint`` documents; a prune's cuts
-    are the start of the chains it cut in any case).
+    def __init__(self, seed: str, keys: ChainKeys | None) -> None:
+        self.sha = hashlib.sha256(seed.encode("utf-8", "surrogatepass"))
+        self.macs = {k.key_id: k.hasher(seed) for k in (keys.all() if keys is not None else ())}
 
-    Raises:
-        ConfigError: no checkpoint qualifies.
-    """
-    dated = [d for d in docs if isinstance(d.get("time"), str) and d.get("kind") != PRUNE and d.get("heads")]
-    if since != "last":
-        dated = [d for d in dated if d["time"] <= since]
-    if not dated:
-        raise ConfigError(
-            f"no checkpoint {'' if since == 'last' else f'at or before {since} '}for this store: "
-            "run `mrtr-keys audit checkpoint` first (or verify without --since)"
-        )
-    return max(dated, key=lambda d: d["time"])
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+        for mac in self.macs.values():
+            mac.update(data)
 
-
-def verify_store(
-    store: Any,
-    docs: Sequence[dict[str, Any]],
-    *,
-    since: str | None = None,
-    progress: Progress | None = None,
-    page: int = PAGE,
-    runs: bool = True,
-    split_min_rows: int = verify_parallel.MIN_ROWS,
-) -> StreamReport:
-    """Walk every chain of `store` (an `AuditStore`) in bounded pages and check the checkpoints
-    `docs` (this store's documents, file order). `since`: an event time string or ``last``: start
-    from that checkpoint (`pick_since`) instead of genesis. Prune checkpoints always set the start
-    of the chains they cut. `runs` False: the row walk even where runs apply (SQLite schema 4;
-    the reference the run walk is tested against); `split_min_rows`: positions from which the
-    rendering is split across processes (`verify_parallel`).
-
-    Raises:
-        ConfigError: `since` names no checkpoint; AuditError: the store cannot be read.
-    """
-    started = time.monotonic()
-    starts, pruned_before = prune_starts(docs)
-    walker = Walker(skip_before_start=since is not None)
-    walker.report.pruned_before = pruned_before
-    after = 0
-    missing: list[tuple[str, int, Any]] = []
-    heads_docs = [d for d in docs if d.get("kind") != PRUNE]
-    if since is not None:
-        doc = pick_since(docs, since)
-        walker.report.since = str(doc["time"])
-        positions: list[int] = []
-        for cut in doc.get("cuts", []):  # a prune's cuts: deleted rows, nothing to look up
-            writer, seq = str(cut["writer"]), int(cut["seq"])
-            if writer not in starts or starts[writer].seq < seq:
-                starts[writer] = Start(writer, seq, str(cut["hash"]), cut.get("time"), PRUNE)
-        for head in doc.get("heads", []):
-            writer, seq = str(head["writer"]), int(head["seq"])
-            if writer in starts and starts[writer].seq >= seq:
-                continue  # pruned since: the prune's cut is the later start
-            starts[writer] = Start(writer, seq, str(head["hash"]), head.get("time"), "checkpoint")
-            found = store.position_of(writer, seq, str(head.get("time")))
-            if found is None:
-                missing.append((writer, seq, head.get("time")))
-            else:
-                positions.append(found)
-        after = min(positions) - 1 if positions else 0
-        heads_docs = [d for d in heads_docs if str(d.get("time")) >= str(doc["time"])]
-    walker.starts = starts
-    for writer, seq, when in missing:
-        walker.chain(writer).brk = [
-            "truncated",
-            0,
-            seq,
-            when,
-            f"the head of the checkpoint --since picked (seq {seq}) is not in the store as recorded",
-        ]
-    pairs = [(d, h) for d in heads_docs for h in d.get("heads", [])]
-    for _, head in pairs:
-        walker.expect_head(str(head["writer"]), int(head["seq"]))
-    walk_pages(walker, store, after, page, progress, started, runs=runs, split_min_rows=split_min_rows)
-    report = walker.finish(pairs)
-    report.seconds = time.monotonic() - started
-    return report
+    def link(self, link: str) -> str | None:
+        """What the rows give for `link`'s kind (None: a keyed link under a key not held)."""
+        if not is_keyed(link):
+            return self.sha.hexdigest()
+        mac = self.macs.get(key_id_of(link))
+        return None if mac is None else f"{PREFIX}{key_id_of(link)}:{mac.hexdigest()}"
 
 
 def walk_pages(

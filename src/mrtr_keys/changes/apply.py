@@ -16,6 +16,7 @@ same audit records passes it too::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +39,8 @@ class ChangeResult:
     message: str
     forced: bool = False
     details: dict[str, Any] = field(default_factory=dict)
+    saved_at: float | None = None
+    """POSIX time the keystore's save returned (when the keystore shows the change); None if nothing was saved."""
 
 
 Transform = Callable[[KeyRing, datetime], ChangeResult]
@@ -90,11 +93,18 @@ def apply_change(
                 if check is not None:
                     check(before, after, now)
                 keystore.save(after, expected_generation=before.generation)
+                saved_at = time.time()
         except MrtrKeysError as exc:
             tracing.set_attributes(sp, outcome="refused", reason=type(exc).__name__)
             raise
         saved = ChangeResult(
-            op=result.op, changed=True, ring=after, message=result.message, forced=result.forced, details=result.details
+            op=result.op,
+            changed=True,
+            ring=after,
+            message=result.message,
+            forced=result.forced,
+            details=result.details,
+            saved_at=saved_at,
         )
         kid = result.details.get("new") or result.details.get("kid") or result.details.get("removed")
         tracing.set_attributes(

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.audit.events import plural
-from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
+from mrtr_keys.cli.audit_cmd import AuditOpt, _chain_keys, _default_checkpoints, _open
 from mrtr_keys.cli.audit_options import CheckpointsOpt, progress_lines
 from mrtr_keys.cli.audit_prune_cmd import _refuse_inside_gate_window, locked_docs
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
@@ -50,13 +50,14 @@ def archive(
     cutoff = parse_when(before)
     dest = open_destination(to, retain_days=retain_days, retain_mode=retain_mode)
     _refuse_inside_gate_window(cutoff, keystore_)
+    keys = _chain_keys(keystore_, "audit archive")
     store = _open(audit, keystore_)
     path = checkpoints or _default_checkpoints(keystore_)
     progress = progress_lines("archive")
 
     try:
         with locked_docs(path, store) as docs:
-            result = archive_store(store, cutoff, docs, path, dest, progress=progress)
+            result = archive_store(store, cutoff, docs, path, dest, progress=progress, keys=keys)
     finally:
         store.close()
     if json_:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option
+from mrtr_keys.cli.audit_options import LedgerOpt, OldToOpt, checkpoints_option
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
 from mrtr_keys.errors import AuditError, ConfigError
 
@@ -62,6 +62,13 @@ def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) 
         if not path.exists():
             raise ConfigError(f"no audit log at {path} (nothing recorded yet, or use --audit URL)")
     return open_store(url)
+
+
+def _chain_keys(keystore_: str | None, command: str) -> Any:
+    """The chain keys `command` verifies links with, read as the writers read theirs (exit 2 without)."""
+    from mrtr_keys.audit.chain_key import verifier_keys
+
+    return verifier_keys(_keystore(keystore_).directory, command)
 
 
 def _query(
@@ -276,6 +283,7 @@ def stats(
 
 
 def _default_checkpoints(keystore_: str | None) -> Path:
+    """The checkpoint file: ``MRTR_KEYS_AUDIT_CHECKPOINTS``, else ``audit-checkpoints.jsonl`` in the state directory."""
     import os
 
     env = os.environ.get("MRTR_KEYS_AUDIT_CHECKPOINTS")
@@ -284,11 +292,37 @@ def _default_checkpoints(keystore_: str | None) -> Path:
     return _keystore(keystore_).directory / "audit-checkpoints.jsonl"
 
 
+def _trusted_records(sources: list[str] | None, keystore_: str | None) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Every record of `sources` (``--checkpoints``, repeated; default: the checkpoint file and
+    ``MRTR_KEYS_AUDIT_ANCHOR``), in order, and which of them are checkpoint files (what a prune appends to).
+
+    Raises:
+        ConfigError: a bad location or record; AuditUnavailable: one cannot be read now.
+    """
+    import os
+
+    from mrtr_keys.audit.ledger import FileLedger, open_ledger
+
+    if not sources:
+        sources = [str(_default_checkpoints(keystore_))]
+        anchor = os.environ.get("MRTR_KEYS_AUDIT_ANCHOR", "").strip()
+        if anchor:
+            sources.append(anchor)
+    docs: list[dict[str, Any]] = []
+    files: list[Path] = []
+    for where in sources:
+        ledger = open_ledger(where)
+        docs += ledger.read()
+        if isinstance(ledger, FileLedger):
+            files.append(ledger.path)
+    return docs, files
+
+
 @app.command("checkpoint")
 def checkpoint(
     keystore_: KeystoreOpt = None,
     audit: AuditOpt = None,
-    checkpoints: CheckpointsOpt = None,
+    checkpoints: LedgerOpt = None,
     old_to: OldToOpt = None,
     full: Annotated[
         bool, typer.Option("--full", help="Read the whole log, not only what was added since the last checkpoint.")
@@ -298,17 +332,19 @@ def checkpoint(
     """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail; reads only
     what was added since the last checkpoint in the file (--full: everything). Refuses (exit 1) when the
     file records this store's chains under another store id (its id was rewritten)."""
-    from mrtr_keys.audit.chain import append_checkpoint, read_checkpoints
     from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
     from mrtr_keys.audit.events import plural
+    from mrtr_keys.audit.ledger import open_ledger
     from mrtr_keys.audit.store_match import checkpoints_of, id_break
     from mrtr_keys.cli.output import error, print_json, print_line, print_table
 
+    keys = _chain_keys(keystore_, "audit checkpoint")
     store = _open(audit, keystore_)
     path = checkpoints_option("checkpoint", checkpoints, old_to) or _default_checkpoints(keystore_)
+    ledger = open_ledger(path)
     try:
-        matched = checkpoints_of(read_checkpoints(path), store)
-        doc = make_checkpoint_since(store, matched.docs, now=time.time(), full=full)
+        matched = checkpoints_of(ledger.read(), store)
+        doc = make_checkpoint_since(store, matched.docs, now=time.time(), full=full, keys=keys)
     finally:
         store.close()
     heads = [str(h["writer"]) for h in doc.get("heads", [])]
@@ -319,16 +355,16 @@ def checkpoint(
             f"warning: {path} records {store.url} only under {plural(len(matched.other_ids), 'other store id')}; "
             f"this store's id is {doc.get('store_id')}: their checkpoints do not apply to it"
         )
-    append_checkpoint(path, doc)
+    ledger.append(doc)
     if json_:
-        print_json({**doc, "written_to": str(path)})
+        print_json({**doc, "written_to": ledger.uri})
     else:
         print_table(
             f"checkpoint {doc['time']}",
             ["writer", "seq", "hash"],
             [(h["writer"], h["seq"], h["hash"]) for h in doc["heads"]],
         )
-        print_line(f"appended to {path}")
+        print_line(f"appended to {ledger.uri}")
 
 
 @app.command("export")

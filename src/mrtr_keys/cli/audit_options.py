@@ -27,10 +27,33 @@ CheckpointsOpt = Annotated[
     ),
 ]
 
+LedgerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--checkpoints",
+        envvar="MRTR_KEYS_AUDIT_CHECKPOINTS",
+        help="Where checkpoints are kept: a file, a directory or s3://BUCKET/PREFIX (object-locked); earlier ones "
+        "are read from it and this one is added (a place the store's writers cannot rewrite) "
+        "[default: $MRTR_KEYS_AUDIT_CHECKPOINTS, else audit-checkpoints.jsonl in the state directory].",
+        show_default=False,
+    ),
+]
+SourcesOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--checkpoints",
+        help="Trusted records to check the store against: a checkpoint file (checkpoints, prune cuts), or a file, "
+        "directory or s3://BUCKET/PREFIX of anchors (serve --audit-anchor); repeat for several "
+        "[default: $MRTR_KEYS_AUDIT_CHECKPOINTS, else audit-checkpoints.jsonl in the state directory; and "
+        "$MRTR_KEYS_AUDIT_ANCHOR if set].",
+        show_default=False,
+    ),
+]
+
 OldToOpt = Annotated[Path | None, typer.Option("--to", hidden=True, help="Old name of --checkpoints (still accepted).")]
 
 
-def checkpoints_option(command: str, checkpoints: Path | None, old_to: Path | None) -> Path | None:
+def checkpoints_option(command: str, checkpoints: str | Path | None, old_to: Path | None) -> str | Path | None:
     """The checkpoint file given: ``--to`` (the old name, which wins as an explicit flag over the
     environment) or ``--checkpoints``; None for the default."""
     if old_to is None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _keystore, _open
+from mrtr_keys.cli.audit_cmd import AuditOpt, _chain_keys, _default_checkpoints, _keystore, _open
 from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option, progress_lines
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
@@ -35,13 +35,14 @@ def prune(
 
     cutoff = parse_when(before)
     _refuse_inside_gate_window(cutoff, keystore_)
+    keys = _chain_keys(keystore_, "audit prune")
     store = _open(audit, keystore_)
-    path = checkpoints_option("prune", checkpoints, old_to) or _default_checkpoints(keystore_)
+    path = Path(checkpoints_option("prune", checkpoints, old_to) or _default_checkpoints(keystore_))
     progress = progress_lines("prune")
 
     try:
         with locked_docs(path, store) as docs:
-            result = prune_store(store, cutoff, docs, str(path), progress=progress)
+            result = prune_store(store, cutoff, docs, str(path), progress=progress, keys=keys)
     finally:
         store.close()
     if json_:
@@ -89,7 +90,7 @@ def locked_docs(path: Path, store: Any) -> Iterator[list[dict[str, Any]]]:
     Raises:
         AuditBusy: another prune or archive (or a sidecar's retention) holds the lock.
     """
-    from mrtr_keys.audit.chain import read_checkpoints
+    from mrtr_keys.audit.ledger import FileLedger
     from mrtr_keys.audit.prune import pruner_lock
     from mrtr_keys.audit.store_match import checkpoints_of
     from mrtr_keys.errors import AuditBusy
@@ -99,4 +100,4 @@ def locked_docs(path: Path, store: Any) -> Iterator[list[dict[str, Any]]]:
             raise AuditBusy(
                 f"another prune or archive is using {path} (its .lock is held); nothing was changed, try again"
             )
-        yield checkpoints_of(read_checkpoints(path), store).docs
+        yield checkpoints_of(FileLedger(path).read(), store).docs

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from mrtr_keys.audit.events import plural
-from mrtr_keys.cli.audit_cmd import AuditOpt, _default_checkpoints, _open
+from mrtr_keys.cli.audit_cmd import AuditOpt, _chain_keys, _open, _trusted_records
+from mrtr_keys.cli.audit_options import SourcesOpt
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import AuditUnavailable, ConfigError
 
@@ -50,14 +51,7 @@ class _Progress:
 def verify(
     keystore_: KeystoreOpt = None,
     audit: AuditOpt = None,
-    checkpoints: Annotated[
-        Path | None,
-        typer.Option(
-            "--checkpoints",
-            help="Checkpoint file to check heads against "
-            "[default: $MRTR_KEYS_AUDIT_CHECKPOINTS, else audit-checkpoints.jsonl in the state directory].",
-        ),
-    ] = None,
+    checkpoints: SourcesOpt = None,
     since: Annotated[
         str | None,
         typer.Option(
@@ -67,42 +61,41 @@ def verify(
         ),
     ] = None,
     from_archive: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--from-archive",
             help="Verify the archive (directory or s3://BUCKET/PREFIX, `audit archive`) and the live store "
-            "as one history: manifests, segments, and the link to the store's prune checkpoint.",
+            "as one history: manifests, segments, and the link to the store's prune checkpoint. Repeat it "
+            "for an archive that moved between locations.",
         ),
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Walk every writer's hash chain (and the checkpoints); exit 1 at the first break, 75 when the
-    store or archive cannot be read now or a prune ran meanwhile (run it again), 2 for a bad option.
+    """Walk every writer's chain, keyed links checked with the chain key (and the checkpoints and anchors);
+    exit 1 at the first break, 75 when the store, an archive or a checkpoint location cannot be read now or
+    a prune ran meanwhile (run it again), 2 for a bad option or without the chain key.
 
     Reads the store in bounded pages (memory does not grow with the log). After `audit prune`, each
     chain starts from the prune's recorded cut."""
-    from mrtr_keys.audit.chain import read_checkpoints
     from mrtr_keys.audit.events import parse_when
     from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, id_break
-    from mrtr_keys.audit.verify_stream import StreamReport, verify_store
+    from mrtr_keys.audit.trust import verify_store
+    from mrtr_keys.audit.verify_stream import StreamReport
     from mrtr_keys.cli.output import error, print_json, print_line
 
-    if from_archive is not None and since is not None:
+    if from_archive and since is not None:
         raise ConfigError(
             "--from-archive and --since cannot be combined (--from-archive starts at the archive's start)"
         )
-    dest = None
-    if from_archive is not None:
-        from mrtr_keys.audit.archive_dest import open_destination
-
-        dest = open_destination(from_archive)
-        root = getattr(dest, "root", None)  # a directory (an s3:// location has no such test)
-        if root is not None and not root.is_dir():
-            raise ConfigError(f"--from-archive {from_archive}: no such directory")
+    dests = [_archive_location(where) for where in from_archive or ()]
+    keys = _chain_keys(keystore_, "audit verify")
     store = _open(audit, keystore_)
-    cp_path = checkpoints or _default_checkpoints(keystore_)
-    matched = checkpoints_of(read_checkpoints(cp_path), store)
-    docs = matched.docs
+    try:
+        docs, files = _trusted_records(checkpoints, keystore_)
+    except BaseException:
+        store.close()
+        raise
+    matched = checkpoints_of(docs, store)
     note = by_url_note(matched, store)
     if note is not None:
         error(note)
@@ -110,31 +103,32 @@ def verify(
     progress = _Progress()
     report: StreamReport
     try:
-        if dest is not None:
+        if dests:
             from mrtr_keys.audit.archive_verify import verify_archive
 
-            report = verify_archive(dest, store, docs, progress=progress)
+            report = verify_archive(dests, store, docs, progress=progress, keys=keys)
         else:
-            report = verify_store(store, docs, since=start, progress=progress)
+            report = verify_store(store, docs, since=start, progress=progress, keys=keys)
     finally:
         progress.done()
         store.close()
     unlisted = getattr(report, "unlisted", None)
-    if dest is not None and unlisted:
+    if dests and unlisted:
         shown = ", ".join(n if n.isprintable() else repr(n) for n in unlisted[:UNLISTED_SHOWN]) + (
             f" (and {len(unlisted) - UNLISTED_SHOWN} more)" if len(unlisted) > UNLISTED_SHOWN else ""
         )
+        where = dests[0].uri if len(dests) == 1 else "the archive locations"
         sys.stderr.write(
-            f"mrtr-keys: warning: {plural(len(unlisted), 'file')} in {dest.uri} listed by no manifest, not "
+            f"mrtr-keys: warning: {plural(len(unlisted), 'file')} in {where} listed by no manifest, not "
             f"verified (an interrupted audit archive run leaves such files; remove them when no run is going): "
             f"{shown}\n"
         )
     replaced = id_break(store, matched, report.writers)
-    if not report.ok and replaced is None and _pruned_meanwhile(cp_path, store, len(docs)):
+    if not report.ok and replaced is None and any(_pruned_meanwhile(f, store, docs) for f in files):
         raise AuditUnavailable(
-            f"audit verify: a prune or archive of {cp_path} ran while verify read the store, so what it "
-            f"found ({report.first.kind if report.first else 'a break'}) may be that prune's doing: run verify "
-            "again when it has finished"
+            f"audit verify: a prune or archive of {', '.join(map(str, files))} ran while verify read the store, so "
+            f"what it found ({report.first.kind if report.first else 'a break'}) may be that prune's doing: run "
+            "verify again when it has finished"
         )
     if json_:
         out = report.to_json()
@@ -146,45 +140,71 @@ def verify(
     elif replaced is not None:
         print_line(f"BROKEN: store id: {replaced}")
     else:
-        first = report.first
-        origin = f" from the checkpoint of {report.since}" if report.since else ""
-        if report.pruned_before:
-            origin += f" (pruned before {report.pruned_before})"
-        if dest is not None:
-            summary = report.to_json()["archive"]
-            origin += (
-                f", {summary['records']} of them from {plural(summary['segments'], 'archived segment')} in "
-                f"{plural(summary['manifests'], 'manifest')} at {dest.uri}"
-            )
-        if first is None:
-            print_line(
-                f"ok: {plural(report.records, 'record')} in {plural(report.chains, 'chain')} verified{origin}; "
-                f"{plural(report.checkpoints_checked, 'checkpointed head')} present"
-            )
-        else:
-            where = f"position {first.position}" if first.position else "end of chain"
-            if first.kind == "archive":
-                print_line(f"BROKEN: archive: {first.detail}")
-            else:
-                print_line(
-                    f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
-                    f"time {first.time}): {first.detail}"
-                )
-            for b in report.breaks:
-                if b is not first:
-                    print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
+        _print_report(report, dests)
     if not report.ok or replaced is not None:
         raise typer.Exit(1)
 
 
-def _pruned_meanwhile(path: Path, store: Any, seen: int) -> bool:
+def _archive_location(where: str) -> Any:
+    from mrtr_keys.audit.archive_dest import open_destination
+
+    dest = open_destination(where)
+    root = getattr(dest, "root", None)  # a directory (an s3:// location has no such test)
+    if root is not None and not root.is_dir():
+        raise ConfigError(f"--from-archive {where}: no such directory")
+    return dest
+
+
+def _print_report(report: Any, dests: list[Any]) -> None:
+    from mrtr_keys.cli.output import print_line
+
+    first = report.first
+    origin = f" from the checkpoint of {report.since}" if report.since else ""
+    if report.pruned_before:
+        origin += f" (pruned before {report.pruned_before})"
+    if dests:
+        summary = report.to_json()["archive"]
+        origin += (
+            f", {summary['records']} of them from {plural(summary['segments'], 'archived segment')} in "
+            f"{plural(summary['manifests'], 'manifest')} at {summary['location']}"
+        )
+    if first is None:
+        print_line(
+            f"ok: {plural(report.records, 'record')} in {plural(report.chains, 'chain')} verified{origin} "
+            f"({_keyed(report)}); {plural(report.checkpoints_checked, 'checkpointed head')} present"
+        )
+        return
+    where = f"position {first.position}" if first.position else "end of chain"
+    if first.kind in ("archive", "store", "checkpoint"):
+        print_line(f"BROKEN: {first.kind}: {first.detail}")
+    else:
+        print_line(
+            f"BROKEN: {first.kind} record at {where} (writer {first.writer}, seq {first.seq}, "
+            f"time {first.time}): {first.detail}"
+        )
+    for b in report.breaks:
+        if b is not first:
+            print_line(f"  also: {b.kind} in writer {b.writer} at seq {b.seq}: {b.detail}")
+
+
+def _keyed(report: Any) -> str:
+    """How many records were verified with keyed links and how many with unkeyed ones (before the switch)."""
+    text = f"{report.keyed:,} keyed, {report.unkeyed:,} unkeyed"
+    switch = report.switch
+    if report.unkeyed and switch is not None:
+        text += f": written before the switch to keyed links at position {switch['position']} ({switch['time']})"
+    elif report.unkeyed:
+        text += ": written before keyed links"
+    return text
+
+
+def _pruned_meanwhile(path: Path, store: Any, seen: list[dict[str, Any]]) -> bool:
     """Whether a prune or archive of the checkpoint file `path` holds its lock now, or recorded a cut of
-    `store` after the `seen` records of it verify read."""
-    from mrtr_keys.audit.chain import read_checkpoints
+    `store` that verify did not read (`seen`: the records it read)."""
+    from mrtr_keys.audit.ledger import PRUNE, FileLedger
     from mrtr_keys.audit.prune import pruner_running
     from mrtr_keys.audit.store_match import checkpoints_of
-    from mrtr_keys.audit.verify_stream import PRUNE
 
     if pruner_running(path):
         return True
-    return any(d.get("kind") == PRUNE for d in checkpoints_of(read_checkpoints(path), store).docs[seen:])
+    return any(d.get("kind") == PRUNE and d not in seen for d in checkpoints_of(FileLedger(path).read(), store).docs)

@@ -1,7 +1,9 @@
 """`mrtr-keys keys revoke KID --reason TEXT`: a leaked key stops working on every instance (`mrtr_keys.changes.revoke`).
 
 Before it writes it prints what it breaks (`mrtr_keys.fleet.revoke_estimate`) and needs ``--yes`` (asked on
-a terminal; a run without a terminal and without ``--yes`` exits 2 with the estimate). It refuses (exit 75)
+a terminal; a run without a terminal and without ``--yes`` exits 2 with the estimate). The estimate it
+reports with the result is counted again just before the write, under the keystore lock, so rounds that came
+back while the operator read the first one are not counted. It refuses (exit 75)
 while a live instance runs a release that cannot read the state ``revoked`` (`mrtr_keys.fleet.compat_gate`),
 unless ``--force``. ``--wait DURATION`` then waits until every live instance has loaded the new generation
 (`mrtr_keys.fleet.applied`; exit 75 naming those that have not, when the wait runs out).
@@ -87,15 +89,20 @@ def revoke(
         now = utcnow()
         note = None if key.revoked else refuse_unreadable(audit, ring, [KEY_STATE_REVOKED], now, force=force, what=OP)
         est = estimate(audit, ring, kid, now) if not key.revoked else None
-        if est is not None and not json_:
-            for line in est.lines(ring.ttl_seconds):
-                print_line(line)
-        if est is not None and not yes:
+        if est is not None and not yes:  # what it would break now, then ask
+            if not json_:
+                for line in est.lines(ring.ttl_seconds):
+                    print_line(line)
             _confirm(kid, key.state.value, est, json_)
-        result = apply_change(
-            store,
-            OP,
-            lambda r, at: revoke_key(
+
+        def transform(r: Any, at: Any) -> Any:
+            nonlocal est
+            if est is not None:  # counted again just before the write (under the lock), printed before it
+                est = estimate(audit, r, kid, at)
+                if not json_:
+                    for line in est.lines(r.ttl_seconds):
+                        print_line(line)
+            result = revoke_key(
                 r,
                 kid,
                 at,
@@ -104,9 +111,10 @@ def revoke(
                 backend=backend_for(r.codec),
                 keep_material=keep_material,
                 forced=note is not None,
-            ),
-            listeners=change_listeners(),
-        )
+            )
+            return result
+
+        result = apply_change(store, OP, transform, listeners=change_listeners())
         state = None
         if seconds is not None and result.changed:
             if audit is None:

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import KeystoreOpt, root_audit, root_log_format, root_state_dir
+from mrtr_keys.errors import ConfigError
 
 
 def serve(
@@ -125,6 +126,24 @@ def serve(
         float | None,
         typer.Option("--audit-retention-interval", help="Seconds between retention runs [default: 3600]."),
     ] = None,
+    audit_anchor: Annotated[
+        str | None,
+        typer.Option(
+            "--audit-anchor",
+            envvar="MRTR_KEYS_AUDIT_ANCHOR",
+            help="Anchor the heads of the audit chains this sidecar writes, MACed with the chain key, every "
+            "--audit-anchor-every seconds: a file, a directory or s3://BUCKET/PREFIX (Object Lock), a place the "
+            "audit store's writers cannot rewrite; `audit verify --checkpoints DEST` reads it [default: off].",
+        ),
+    ] = None,
+    audit_anchor_every: Annotated[
+        float | None,
+        typer.Option(
+            "--audit-anchor-every",
+            envvar="MRTR_KEYS_AUDIT_ANCHOR_EVERY",
+            help="Seconds between anchors [default: 300].",
+        ),
+    ] = None,
     on_replay_store_error: Annotated[
         str | None,
         typer.Option("--on-replay-store-error", help="deny (refuse unseals while the store fails) or allow."),
@@ -183,14 +202,20 @@ def serve(
         kek_check_every=kek_check_every,
         audit_retention=audit_retention,
         audit_retention_interval=audit_retention_interval,
+        audit_anchor=audit_anchor or None,
+        audit_anchor_every=audit_anchor_every,
         expect_codec=expect_codec,
         allow_core_dumps=allow_core_dumps or None,
     )
-    if settings.audit_retention and settings.audit_factory is None:
+    if (settings.audit_retention or settings.audit_anchor) and settings.audit_factory is None:
         from mrtr_keys.audit.retention import check_store
         from mrtr_keys.audit.stores.url import resolve_url
 
-        check_store(resolve_url(settings.audit, "."))  # "." stands for the ring's directory: its default is SQLite
+        url = resolve_url(settings.audit, ".")  # "." stands for the ring's directory: its default is SQLite
+        if settings.audit_retention:
+            check_store(url)
+        if settings.audit_anchor and url is None:
+            raise ConfigError("audit_anchor needs an audit store, but auditing is off (--audit off)")
     if settings.uds is None:
         _check_listen_address(settings.host, settings.port)
     try:

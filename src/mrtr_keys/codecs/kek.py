@@ -5,16 +5,17 @@ and open without a remote call per token (as the MCP SDK's codec contract asks).
 the KMS key, removing the instance's Vault policy or raising the transit key's ``min_decryption_version``
 (a security team's first move on a suspected leak) would change nothing until each process restarts.
 
-`KekCheck` runs in a daemon thread, off the serving path: every `every` seconds (the library's
+`KekCheck` runs in a daemon thread, off the serving path, one for each wrapping key in a process
+(`shared_check`: every codec of that key shares it): every `every` seconds (the library's
 ``kek_check_every=``, ``MRTR_KEYS_KEK_CHECK_EVERY``, ``serve --kek-check-every``; default
 `DEFAULT_EVERY`, 0 = off; each wait is drawn from every x [0.8, 1.0], never longer) it asks the codec for
 one cheap authenticated call (``check_wrapping_key``: unwrap the primary's data key once more, KMS
 ``Decrypt`` or Vault ``transit/decrypt``) and classifies the answer:
 
-* **ok**: serving. A codec that had failed closed rebuilds its keys (one unwrap per usable key) and serves
+* **ok**: serving. Codecs that had failed closed rebuild their keys (one unwrap per usable key) and serve
   again, with a WARNING.
-* **revoked** (`WrappingKeyRevoked`: the key is disabled, pending deletion, deleted or denied): the codec
-  **fails closed** at once: it forgets its data keys and installs `ClosedCore`, so `seal` raises
+* **revoked** (`WrappingKeyRevoked`: the key is disabled, pending deletion, deleted or denied): every codec
+  of the key **fails closed** at once: it forgets its data keys and installs `ClosedCore`, so `seal` raises
   `WrappingKeyRevoked` and `unseal` raises `InvalidRequestState` with the reason `WRAPPING_KEY_REVOKED`
   (audit reason and metric label); a WARNING says what happened and what to do. Within one interval plus
   the call's own deadline of the change.
@@ -38,6 +39,7 @@ import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Hashable
 from typing import Any, NoReturn
 
 from mrtr_keys.codecs.aesgcm import rejected
@@ -105,26 +107,29 @@ class ClosedCore:
 
 
 class KekCheck:
-    """The wrapping-key check of one codec (see the module docstring).
+    """The check of one wrapping key, shared by every codec of this process that holds data keys it wrapped
+    (see the module docstring; `shared_check` gives a codec its key's check).
 
     Args:
-        codec: the codec (held weakly): ``check_wrapping_key()`` makes the one call and raises
-            `WrappingKeyRevoked` or another error; ``fail_closed(reason)`` and ``serve_again()`` switch it.
         every: seconds between checks (0: the thread is never started; `check()` still works).
-        what: the wrapping key, for log lines (``KMS key arn:...``, ``Vault transit key transit/NAME``).
+        what: the wrapping key, for log lines (``KMS key arn:...``, ``Vault transit key transit/keys/NAME``).
         rng: a uniform draw in [0, 1) for the jitter (tests pass a constant).
+
+    Codecs are `add`-ed and held weakly: ``check_wrapping_key()`` (of the newest) makes the one call and
+    raises `WrappingKeyRevoked` or another error; ``fail_closed(reason)`` and ``serve_again()`` switch each.
+    The thread ends once no codec is left.
     """
 
-    def __init__(self, codec: Any, every: float, *, what: str, rng: Any = None) -> None:
-        self._ref = weakref.ref(codec)
+    def __init__(self, every: float, *, what: str, rng: Any = None) -> None:
         self.every = check_every(every)
         self.what = what
         self._rng = rng or _rng.random
+        self._codecs: list[weakref.ref[Any]] = []
         self.state = UNCHECKED
         self.closed: str | None = None
-        """Why the codec fails closed now, else None."""
+        """Why its codecs fail closed now, else None."""
         self.closed_since: float | None = None
-        """POSIX time since when it fails closed (None: it does not)."""
+        """POSIX time since when they fail closed (None: they do not)."""
         self.error: str | None = None
         """Why the last check could not reach the key (an outage), else None."""
         self.last_ok: float | None = None
@@ -133,11 +138,25 @@ class KekCheck:
         self._wake = threading.Event()
         self._stopping = False
         self._lock = threading.Lock()
+        self._list_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        weakref.finalize(codec, self._wake.set)  # a codec that is gone ends the thread at once
 
     def __repr__(self) -> str:
         return f"KekCheck({self.what!r}, every={self.every:g}, state={self.state!r})"
+
+    def add(self, codec: Any) -> KekCheck:
+        """Check for `codec` too (held weakly). A codec added while the others fail closed has just unwrapped its
+        keys, so the key may answer again: the next check comes at once."""
+        with self._list_lock:  # not the check's lock: a check in flight (up to its deadline) must not hold this up
+            self._codecs = [r for r in self._codecs if r() is not None] + [weakref.ref(codec)]
+        if self.closed is not None:
+            self._wake.set()
+        weakref.finalize(codec, self._wake.set)  # the last codec gone ends the thread at once
+        return self
+
+    def codecs(self) -> list[Any]:
+        """The codecs still alive, oldest first."""
+        return [c for r in self._codecs if (c := r()) is not None]
 
     def status(self) -> dict[str, Any]:
         """``wrapping_key``, ``state``, ``closed``, ``closed_since``, ``error``, ``every_seconds``, ``last_ok``
@@ -152,6 +171,10 @@ class KekCheck:
             "last_ok": self.last_ok,
             "last_check": self.last_check,
         }
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> KekCheck:
         if self.every > 0 and self._thread is None:
@@ -174,32 +197,36 @@ class KekCheck:
         return min(base, RETRY_UNREACHABLE) if self.state == UNREACHABLE else base
 
     def check(self) -> str:
-        """One check in the caller's thread; returns the new `state` (the codec gone: `state` unchanged)."""
+        """One check in the caller's thread; returns the new `state` (no codec left: `state` unchanged)."""
         with self._lock:
-            codec = self._ref()
-            if codec is None:
+            codecs = self.codecs()
+            if not codecs:
                 return self.state
             try:
-                codec.check_wrapping_key()
+                codecs[-1].check_wrapping_key()  # the newest: the ring most recently loaded
             except WrappingKeyRevoked as exc:
-                self._revoked(codec, str(exc))
+                self._revoked(codecs, str(exc))
             except MrtrKeysError as exc:
                 self._unreachable(str(exc))
             except Exception as exc:  # the loop must survive anything; an unknown failure is not a revocation
                 self._unreachable(f"{type(exc).__name__}: {exc}")
             else:
-                self._ok(codec)
+                self._ok(codecs)
             self.last_check = time.time()
             TOTALS[self.state] += 1
             self.checks[self.state] += 1
             return self.state
 
-    def _ok(self, codec: Any) -> None:
+    def _ok(self, codecs: list[Any]) -> None:
         if self.closed is not None:
-            try:
-                codec.serve_again()
-            except MrtrKeysError as exc:  # another key of the ring still does not unwrap
-                self.state, self.closed = REVOKED, f"{self.closed}; serving again failed: {exc}"
+            failed = []
+            for codec in codecs:
+                try:
+                    codec.serve_again()
+                except MrtrKeysError as exc:  # another key of its ring still does not unwrap
+                    failed.append(str(exc))
+            if failed:
+                self.state, self.closed = REVOKED, f"{self.closed}; serving again failed: {failed[0]}"
                 return
             log.warning("the wrapping key (%s) answers again: this instance seals and opens tokens again", self.what)
         elif self.error is not None:
@@ -207,12 +234,13 @@ class KekCheck:
         self.state, self.closed, self.closed_since, self.error = OK, None, None, None
         self.last_ok = time.time()
 
-    def _revoked(self, codec: Any, detail: str) -> None:
+    def _revoked(self, codecs: list[Any], detail: str) -> None:
         first = self.closed is None
         self.state, self.error = REVOKED, None
         if first:
             self.closed, self.closed_since = detail, time.time()
-            codec.fail_closed(detail)
+            for codec in codecs:
+                codec.fail_closed(detail)
             log.warning(
                 "the wrapping key (%s) is disabled, deleted or denied to this instance (%s): it no longer seals and "
                 "refuses every token (reason %r) until the key answers again, checked every %g s. On an incident, "
@@ -250,10 +278,41 @@ class KekCheck:
         while not self._stopping:
             self._wake.wait(self.next_delay())
             self._wake.clear()
-            if self._stopping or self._ref() is None:
+            if not self._stopping and not self.codecs():
+                with _shared_lock:  # `shared_check` adds under this lock: none is added to a check that ends
+                    if not self.codecs():
+                        self._stopping = True
+            if self._stopping:
                 break
             self.check()
         LIVE.discard(self)
+        with _shared_lock:
+            for key, check in list(_shared.items()):
+                if check is self:
+                    del _shared[key]
+
+
+_shared: dict[Hashable, KekCheck] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_check(key: Hashable, codec: Any, every: float, *, what: str) -> KekCheck:
+    """The started check of the wrapping key `key` in this process, made on first use, with `codec` added:
+    the codecs of one wrapping key (a sidecar's codec per audience, a new generation's beside the old) share
+    one check, so an instance makes one call an interval and they all fail closed, and serve again, together.
+    The interval is the shortest any of them asked for.
+
+    `key` names the key and who asks (the client or its settings: another set of credentials may get
+    another answer)."""
+    with _shared_lock:
+        check = _shared.get(key)
+        if check is None or check._stopping:
+            check = _shared[key] = KekCheck(every, what=what)
+        elif every < check.every:
+            check.every = every
+            check._wake.set()
+        check.add(codec)
+    return check.start()
 
 
 _STATE_VALUE = {UNCHECKED: 0.0, OK: 0.0, UNREACHABLE: 1.0, REVOKED: 2.0}

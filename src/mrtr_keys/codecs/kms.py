@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from mrtr_keys.codecs.base import KeyRingCodec
-from mrtr_keys.codecs.kek import KekCheck, check_every
+from mrtr_keys.codecs.kek import check_every, shared_check
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.errors import UnwrapError, WrappingKeyRevoked
@@ -116,8 +116,10 @@ class KMSEnvelopeCodec(KeyRingCodec):
         self._kek_every = check_every(kek_check_every)
 
     def _start_kek(self) -> None:
-        if self._kek_every > 0:
-            self.kek = KekCheck(self, self._kek_every, what=f"KMS key {ring_key_id(self._ring, self._pinned)}").start()
+        if self._kek_every > 0:  # one check per KMS key and client (its credentials) in this process
+            key_id = ring_key_id(self._ring, self._pinned)
+            key = ("kms", key_id, id(self._kms.client))
+            self.kek = shared_check(key, self, self._kek_every, what=f"KMS key {key_id}")
 
     def check_wrapping_key(self) -> None:
         """One ``Decrypt`` of the primary's data key (`mrtr_keys.codecs.kek`): the KMS key still answers.

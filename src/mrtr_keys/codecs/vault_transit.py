@@ -41,7 +41,7 @@ import os
 from collections.abc import Mapping
 
 from mrtr_keys.codecs.base import KeyRingCodec, TokenCore
-from mrtr_keys.codecs.kek import KekCheck, check_every
+from mrtr_keys.codecs.kek import check_every, shared_check
 from mrtr_keys.codecs.observe import CodecObserver
 from mrtr_keys.codecs.vault_remote import TOKEN_PREFIX, VERSION_BYTES, RemoteTransitCore, TransitEncryptError
 from mrtr_keys.errors import BackendUnavailable, ConfigError, KeyRingError, UnwrapError, WrappingKeyRevoked
@@ -177,7 +177,8 @@ class VaultTransitCodec(KeyRingCodec):
     def _start_kek(self) -> None:
         if self._params.mode == "datakey" and getattr(self, "_kek_every", 0) > 0:
             what = f"Vault transit key {self._params.mount}/keys/{self._params.key}"
-            self.kek = KekCheck(self, self._kek_every, what=what).start()
+            key = ("vault-transit", self._client.settings, self._params.mount, self._params.key)  # and who asks
+            self.kek = shared_check(key, self, self._kek_every, what=what)
 
     def check_wrapping_key(self) -> None:
         """Datakey mode: one ``transit/decrypt`` of the primary's data key (`mrtr_keys.codecs.kek`).

@@ -164,8 +164,8 @@ def _core(
 
 def _lifespan(core: SidecarCore, keeper: Keeper) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start: the first heartbeat, then the ring watcher, and SIGHUP as "check the ring now". Stop: the
-    keeper, the replay store, and a last flush of the audit sink (uvicorn re-raises SIGTERM after shutdown,
-    so there is no atexit to rely on)."""
+    keeper, the replay store, a last flush of the audit sink and a last anchor of its heads (uvicorn
+    re-raises SIGTERM after shutdown, so there is no atexit to rely on)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -187,6 +187,8 @@ def _lifespan(core: SidecarCore, keeper: Keeper) -> Callable[[FastAPI], contextl
             flush = getattr(core.audit, "flush", None)  # optional on a sink from audit_factory
             if flush is not None:
                 await anyio.to_thread.run_sync(flush)
+            if core.anchor is not None:  # the heads as they are after that flush
+                await anyio.to_thread.run_sync(core.anchor.run_once)
 
     return lifespan
 

@@ -30,6 +30,9 @@ over the file, the file wins over the defaults::
     strict_audit = false                      # true: a failing audit sink fails the request (503)
     audit_retention = "30d"                   # prune the audit log by itself, keeping this much (default: off)
     audit_retention_interval = 3600.0         # seconds between retention runs
+    audit_anchor = "s3://audit-anchors/fleet-a"  # the chains' heads, MACed, every interval (a file, a directory,
+                                              # s3:// with Object Lock; else --audit-anchor / MRTR_KEYS_AUDIT_ANCHOR)
+    audit_anchor_every = 300.0                # seconds between anchors
     log_format = "json"                       # else --log-format / MRTR_KEYS_LOG_FORMAT, else text
     audit_factory = "package.module:factory"  # optional: called with the ServiceConfig, returns an audit sink
     replay_store = "redis://127.0.0.1:6379/0" # single-use unseals (docs/single-use.md); or postgresql://...
@@ -122,6 +125,10 @@ class ServiceConfig:
     """Keep this much of the audit log (a duration, ``30d``) and prune the rest by itself
     (`mrtr_keys.audit.retention`); None: off."""
     audit_retention_interval: float = 3600.0
+    audit_anchor: str | None = None
+    """Where the heads of this sidecar's chains are anchored (a file, a directory, ``s3://BUCKET/PREFIX``;
+    `mrtr_keys.audit.anchor`); None: off."""
+    audit_anchor_every: float = 300.0
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
     None: 3 heartbeat intervals, or 0 (off) when `reload_interval` is 0."""
@@ -199,6 +206,15 @@ class ServiceConfig:
         i = self.audit_retention_interval
         if not (isinstance(i, int | float) and not isinstance(i, bool) and 0.05 <= i <= 7 * 86400):
             raise ConfigError("audit_retention_interval must be a number of seconds from 0.05 to 604800")
+        from mrtr_keys.audit import anchor
+
+        object.__setattr__(self, "audit_anchor_every", anchor.check_every(self.audit_anchor_every))
+        if self.audit_anchor is not None:
+            from mrtr_keys.audit.ledger import open_ledger
+
+            if not isinstance(self.audit_anchor, str):
+                raise ConfigError("audit_anchor must be a file, a directory or s3://BUCKET/PREFIX")
+            open_ledger(self.audit_anchor)
         if not isinstance(self.strict_audit, bool):
             raise ConfigError("strict_audit must be true or false")
         if not isinstance(self.allow_core_dumps, bool):

@@ -138,6 +138,10 @@ class SidecarMetrics:
         """Export the ring watcher's last completed check and whether it is stuck (at scrape time)."""
         self.registry.register(_WatcherCollector(watcher))
 
+    def watch_anchor(self, anchor: Any) -> None:
+        """Export the audit anchor loop's last success and failed runs (at scrape time)."""
+        self.registry.register(_AnchorCollector(anchor))
+
     def watch_usage(self, ring: Any, reporter: Callable[[], Any]) -> None:
         """Export the seal, unseal and rejection counts per kid of `ring` (a `RingState`) and each usable key's use
         of its seal budget, from `reporter()` (the `UsageReporter`, or None without a presence store), at scrape
@@ -283,6 +287,26 @@ class _RetentionCollector(Collector):
             "mrtr_sidecar_audit_retention_deleted",
             "Audit records deleted by the retention loop since the sidecar started.",
             value=float(r.deleted_total),
+        )
+
+
+class _AnchorCollector(Collector):
+    """Reads the sidecar's `mrtr_keys.audit.anchor.Anchorer` at scrape time."""
+
+    def __init__(self, anchor: Any) -> None:
+        self._anchor = anchor
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        a = self._anchor
+        yield GaugeMetricFamily(
+            "mrtr_sidecar_audit_anchor_last_success_timestamp_seconds",
+            "When the audit anchor loop last wrote the chains' heads out (Unix time, seconds; 0: never).",
+            value=float(a.last_success or 0.0),
+        )
+        yield CounterMetricFamily(
+            "mrtr_sidecar_audit_anchor_failures",
+            "Anchor runs whose destination could not be written (sealing went on).",
+            value=float(a.failures),
         )
 
 

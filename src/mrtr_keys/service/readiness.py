@@ -27,6 +27,7 @@ from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
 
 if TYPE_CHECKING:
+    from mrtr_keys.audit.anchor import Anchorer
     from mrtr_keys.audit.retention import Retention
     from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
@@ -87,6 +88,8 @@ class RingLifecycle:
         self.presence: Presence | None = None
         self.retention: Retention | None = None
         """The audit retention loop (``--audit-retention``; the keeper starts it), or None (off)."""
+        self.anchor: Anchorer | None = None
+        """The audit anchor loop (``--audit-anchor``; the keeper starts it), or None (off)."""
         self._audit_down_logged: object = None
         self.fence: Fence | None = None
         """The self-fencing lease and unknown-kid look over the watcher (`keep_current` sets it)."""
@@ -260,6 +263,8 @@ class RingLifecycle:
             doc["key_usage"] = self.key_usage()
         if self.retention is not None:
             doc["audit_retention"] = self.retention.status()
+        if detail and self.anchor is not None:
+            doc["audit_anchor"] = self.anchor.status()
         replay = self.replay
         if replay is not None and not await anyio.to_thread.run_sync(replay.ready):
             if ok:

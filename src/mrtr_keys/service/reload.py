@@ -324,9 +324,15 @@ class Keeper:
             watcher.on_switch = on_switch
             core.presence = presence
             if config.audit_retention:
-                core.retention = sidecar_retention(store.url, state, config)
+                core.retention = sidecar_retention(store.url, state, config, core.audit)
                 core.metrics.watch_retention(core.retention)
                 core.retention.start()
+            sink = getattr(core.audit, "sink", None)
+            if config.audit_anchor and sink is not None:
+                from mrtr_keys.audit.anchor import anchor_sink
+
+                core.anchor = anchor_sink(sink, config.audit_anchor, config.audit_anchor_every)
+                core.metrics.watch_anchor(core.anchor)
         watcher.start()
 
     def stop(self) -> None:
@@ -334,18 +340,25 @@ class Keeper:
         self.watcher.stop()
         if self._core.retention is not None:
             self._core.retention.stop()
+        if self._core.anchor is not None:  # the last heads, after the lifespan's flush (`final_anchor`)
+            self._core.anchor.stop(final=False)
         if self._core.presence is not None:
             self._core.presence.stop()
 
 
-def sidecar_retention(url: str, state: RingState, config: Any) -> Any:
+def sidecar_retention(url: str, state: RingState, config: Any, audit: Any = None) -> Any:
     """The sidecar's `mrtr_keys.audit.retention.Retention` over the audit store `url`: cuts go to
     ``MRTR_KEYS_AUDIT_CHECKPOINTS``, else ``audit-checkpoints.jsonl`` in the ring's state directory
-    (where ``audit prune`` and ``audit verify`` look by default)."""
+    (where ``audit prune`` and ``audit verify`` look by default); keyed links are checked with the
+    audit key of the sidecar's sink `audit` (`mrtr_keys.audit.service_sink.SidecarAudit`) and the
+    retired ones (``MRTR_KEYS_AUDIT_OLD_KEY_FILES``)."""
     import os
 
+    from mrtr_keys.audit.chain_key import ChainKey, old_audit_keys
     from mrtr_keys.audit.retention import Retention
 
+    sink = getattr(audit, "sink", None)
+    keys = [sink.chain_key, *(ChainKey(k) for k in old_audit_keys())] if sink is not None else []
     env = os.environ.get("MRTR_KEYS_AUDIT_CHECKPOINTS")
     path = Path(env) if env else state.keystore.directory / "audit-checkpoints.jsonl"
     return Retention(
@@ -354,6 +367,7 @@ def sidecar_retention(url: str, state: RingState, config: Any) -> Any:
         path,
         lambda: state.ring.ttl_seconds,
         interval=config.audit_retention_interval,
+        chain_keys=keys,
     )
 
 

@@ -226,10 +226,42 @@ class PostgresStore(NarrowRows, SQLStore):
         column, then the narrow values as written (`names` reads ``audit_names`` again on an unknown id)."""
         if not self._narrow():
             return rows
-        merged = [
-            (*r[:1], r[16] if r[1] is None else r[1], *r[2:9], r[17] if r[9] is None else r[9], *r[10:16]) for r in rows
-        ]
-        return self._codec.decode_rows(merged, names or self._names)
+        return self._codec.decode_rows(merged_rows(rows), names or self._names)
+
+    def run_pages(self, after: int = 0, size: int = 20_000) -> tuple[narrow.Pieces, Iterator[list[narrow.Run]]] | None:
+        """`row_batches` for ``verify``'s hot loop, as the SQLite store's (`narrow.Pieces.runs` over the narrow
+        rows, `merged_rows`); None before schema 5 (use `row_batches`)."""
+        if not self._narrow():
+            return None
+        view = self.piece_view()
+        sql = _SELECT_V5 + " WHERE id > %s ORDER BY id LIMIT " + str(int(size))
+
+        def pages(last: int) -> Iterator[list[narrow.Run]]:
+            while rows := self._fetch(sql, [last]):
+                last = int(rows[-1][0])
+                yield view.runs(merged_rows(rows))
+                del rows
+
+        return view, pages(after)
+
+    def piece_view(self) -> narrow.Pieces:
+        """A `narrow.Pieces` over this store (schema 5)."""
+        sql = _SELECT_V5 + " WHERE id >= %s AND id <= %s ORDER BY id"
+        return narrow.Pieces(self._codec, self._names, lambda lo, hi: self._decode(self._fetch(sql, [lo, hi])))
+
+    def position_span(self, after: int) -> tuple[int, int]:
+        """(lowest position after `after`, minus 1; highest position), or (after, after) if none."""
+        low, high = self._fetch("SELECT MIN(id), MAX(id) FROM audit_events WHERE id > %s", [after])[0]
+        return (after, after) if low is None else (int(low) - 1, int(high))
+
+    def reader(self) -> tuple[Callable[[], Any], str]:
+        """(connect, select of a range ``lo < id <= hi``) for a reading child of ``verify`` (a fork of this
+        process: the connection string never leaves its memory; `mrtr_keys.audit.verify_parallel`)."""
+        dsn, psycopg = self._dsn, self._psycopg
+        return (
+            lambda: psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT, **KEEPALIVES),
+            _SELECT_V5 + " WHERE id > %s AND id <= %s ORDER BY id",
+        )
 
     def _value(self, column: str, value: Any) -> Any:
         stored = super()._value(column, value)
@@ -364,6 +396,14 @@ class PostgresStore(NarrowRows, SQLStore):
 
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+
+
+def merged_rows(rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """Raw schema 5 rows (``id``, `SQL_COLUMNS`, ``time_text``, ``fingerprint_text``) as narrow rows (``id``, then
+    `SQL_COLUMNS` as `narrow.Codec` encodes them): a value kept as text in place of its NULL narrow column."""
+    return [
+        (*r[:1], r[16] if r[1] is None else r[1], *r[2:9], r[17] if r[9] is None else r[9], *r[10:16]) for r in rows
+    ]
 
 
 def _v5_values(row: Sequence[Any]) -> tuple[Any, ...]:

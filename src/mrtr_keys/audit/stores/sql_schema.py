@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import secrets
 import threading
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from mrtr_keys.audit.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_MIGRATIONS
@@ -33,6 +35,12 @@ class SchemaSteps:
         raise NotImplementedError
 
     def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def _transaction(self, verb: str) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
     def _begin(self, cur: Any) -> None:
@@ -88,6 +96,35 @@ class SchemaSteps:
         if not _ID.fullmatch(value):  # it reaches messages and checkpoint files: never arbitrary text
             raise AuditError(f"the audit store {self.url} has a malformed store id in store_meta")
         return value
+
+    def meta(self, name: str) -> str | None:
+        """The value of `name` in ``store_meta`` (None: not set).
+
+        Raises:
+            AuditError: the store cannot be read.
+        """
+        rows = self._fetch(f"SELECT value FROM store_meta WHERE name = {self.PARAM}", [name])  # noqa: S608
+        return str(rows[0][0]) if rows else None
+
+    def put_meta_once(self, name: str, value: str) -> str:
+        """Set `name` in ``store_meta`` to `value` unless it is set already; returns the value it holds
+        (yours, or the one another process set first: one transaction, so the first one wins).
+
+        Raises:
+            AuditError: the store cannot be written.
+        """
+        p = self.PARAM
+        with self._transaction("write to") as cur:
+            self._begin(cur)
+            insert = f"INSERT INTO store_meta (name, value) VALUES ({p}, {p}) ON CONFLICT (name) DO NOTHING"  # noqa: S608
+            cur.execute(insert, (name, value))
+            cur.execute(f"SELECT value FROM store_meta WHERE name = {p}", (name,))  # noqa: S608
+            return str(cur.fetchone()[0])
+
+    def last_position(self) -> int:
+        """The highest storage position in use (0: no record)."""
+        row = self._fetch("SELECT MAX(id) FROM audit_events", [])
+        return int(row[0][0]) if row and row[0][0] is not None else 0
 
     @staticmethod
     def _current_version(cur: Any) -> int:

@@ -135,6 +135,12 @@ class SQLiteStore(NarrowRows, SQLStore):
         sql = _SELECT + " WHERE id >= ? AND id <= ? ORDER BY id"
         return narrow.Pieces(self._codec, self._names, lambda lo, hi: self._decode(self._fetch(sql, [lo, hi])))
 
+    def reader(self) -> tuple[Callable[[], Any], str]:
+        """(connect, select of a range ``lo < id <= hi``) for a reading child of ``verify``
+        (`mrtr_keys.audit.verify_parallel`): its own connection, never this one."""
+        path = str(self.path)
+        return lambda: sqlite3.connect(path, timeout=10), _SELECT + " WHERE id > ? AND id <= ? ORDER BY id"
+
     def position_span(self, after: int) -> tuple[int, int]:
         """(lowest position after `after`, minus 1; highest position), or (after, after) if none."""
         low, high = self._fetch("SELECT MIN(id), MAX(id) FROM audit_events WHERE id > ?", [after])[0]

@@ -13,14 +13,16 @@ stdlib's C serialiser for str/int/float/None/bytes/lists/tuples, read only from 
   The audit key, the store URL (which may hold a password) and libpq's ``PG*`` variables travel
   only through this inherited pipe, never on the command line or in the environment (the child's
   environment holds only what an interpreter needs: `mrtr_keys.audit.writer.child_writer.child_environment`).
-* child -> parent, on its stdout: ``(seq, total, error)`` status frames: acknowledgements
+* child -> parent, on its stdout: ``(seq, total, error, head)`` status frames: acknowledgements
   (``seq`` = the newest batch stored, ``total`` = events stored since the child started, ``error``
-  None), sent at a ``SYNC`` and otherwise at most every `ACK_INTERVAL` seconds while something
-  is unacknowledged, so a busy parent's status thread wakes a few times a second, not once per
-  batch; ``(0, total, None)`` while a transaction the store could not take whole is stored in parts
-  (progress: `total` events stored, no new batch complete; at most every `ACK_INTERVAL`); and
-  ``(0, 0, message)`` while the store cannot be written (the child retries the same rows, so the
-  chain stays gap-free, and meanwhile stops reading, so the parent's queue fills and drops).
+  None, ``head`` = the chain's head as stored, ``(seq, hash, time)`` of its last batch end, or None
+  before the first: what the service anchors, `mrtr_keys.audit.anchor`), sent at a ``SYNC`` and
+  otherwise at most every `ACK_INTERVAL` seconds while something is unacknowledged, so a busy
+  parent's status thread wakes a few times a second, not once per batch; ``(0, total, None, head)``
+  while a transaction the store could not take whole is stored in parts (progress: `total` events
+  stored, no new batch complete; at most every `ACK_INTERVAL`); and ``(0, 0, message, None)`` while
+  the store cannot be written (the child retries the same rows, so the chain stays gap-free, and
+  meanwhile stops reading, so the parent's queue fills and drops).
 
 The child exits by itself on EOF (the parent closed the pipe or died), after storing every batch
 it has read. It ignores SIGINT and SIGTERM (a Ctrl-C in the terminal reaches the whole process
@@ -46,7 +48,7 @@ from mrtr_keys.errors import AuditError, ConfigError
 from mrtr_keys.hardening import CHILD_FLAG, harden_process
 from mrtr_keys.urls import remember, scrub
 
-PROTOCOL = 4
+PROTOCOL = 5
 SYNC = -1
 """The seq of a parent's acknowledgement request (a frame ``(SYNC, None)``)."""
 HEADER = struct.Struct("<I")
@@ -107,8 +109,8 @@ class _Frames:
         return out
 
 
-def _report(fd: int, seq: int, n: int, error: str | None) -> None:
-    data = marshal.dumps((seq, n, error))
+def _report(fd: int, seq: int, n: int, error: str | None, head: tuple[int, str, str] | None = None) -> None:
+    data = marshal.dumps((seq, n, error, head))
     try:
         os.write(fd, HEADER.pack(len(data)) + data)
     except OSError:  # the parent is gone; carry on storing what we have
@@ -138,12 +140,13 @@ class _Storer:
     `mrtr_keys.audit.tx_size`), so a store too slow for a whole transaction within its write deadline
     still takes them."""
 
-    def __init__(self, url: str, writer: str, status_fd: int, parent: int) -> None:
+    def __init__(self, url: str, writer: str, status_fd: int, parent: int, key: bytes) -> None:
         from mrtr_keys.audit.chain import ChainWriter
+        from mrtr_keys.audit.chain_key import ChainKey
         from mrtr_keys.audit.tx_size import TransactionSize
 
         self.url, self.status_fd, self.parent = url, status_fd, parent
-        self.links = ChainWriter(writer)
+        self.links = ChainWriter(writer, ChainKey(key))
         self.store: Any = None
         self.stored = self.acked = self.last_seq = 0
         self.last_ack = 0.0
@@ -152,7 +155,7 @@ class _Storer:
     def ack(self, *, progress: bool = False) -> None:
         """Report what is stored: up to batch `last_seq`, or (`progress`, a transaction stored in parts
         so far) only the events stored, with seq 0 (see the module docstring)."""
-        _report(self.status_fd, 0 if progress else self.last_seq, self.stored, None)
+        _report(self.status_fd, 0 if progress else self.last_seq, self.stored, None, self.links.head)
         self.acked, self.last_ack = self.stored, time.monotonic()
 
     def ack_due(self) -> float | None:
@@ -321,8 +324,8 @@ def main() -> int:
     from mrtr_keys.audit.items import item_rows
 
     fingerprinter = Fingerprinter(key)
+    storer = _Storer(url, writer, status_fd, parent, key)
     del key
-    storer = _Storer(url, writer, status_fd, parent)
     slot: _Slot | None = None
     if url.partition(":")[0].lower() in OVERLAP_SCHEMES:
         slot = _Slot()

@@ -152,6 +152,8 @@ class ChildWriter:
         self._errors_seen = 0
         self._progress = time.monotonic()
         """When the child last acknowledged, or when something became pending after nothing was."""
+        self.head: tuple[int, str, str] | None = None
+        """(seq, hash, time) of the last batch end the child reported stored (`mrtr_keys.audit.anchor`)."""
         self._write(marshal.dumps((PROTOCOL, url, bytes(key), instance, writer, libpq)))
         os.set_blocking(self._w, False)
         self._thread = threading.Thread(target=self._read_status, name=f"mrtr-keys-audit-status-{writer}", daemon=True)
@@ -292,9 +294,9 @@ class ChildWriter:
                 (n,) = HEADER.unpack_from(buf)
                 if len(buf) < 4 + n:
                     break
-                seq, count, error = marshal.loads(bytes(buf[4 : 4 + n]))  # noqa: S302 - our own child
+                seq, count, error, head = marshal.loads(bytes(buf[4 : 4 + n]))  # noqa: S302 - our own child
                 del buf[: 4 + n]
-                self._status(seq, count, error)
+                self._status(seq, count, error, head)
         code = self.proc.wait()
         with self._cond:
             self.alive = False
@@ -327,7 +329,9 @@ class ChildWriter:
             return None
         return None if length is None else max(0, length - acked)
 
-    def _status(self, seq: int, total: int, error: str | None) -> None:
+    def _status(self, seq: int, total: int, error: str | None, head: tuple[int, str, str] | None = None) -> None:
+        if head is not None:
+            self.head = head
         if error is not None:
             with self._cond:
                 self.error = error

@@ -48,6 +48,8 @@ class ProcessWriter:
         self.failures = 0
         self.error: str | None = None
         self._lock = threading.Lock()
+        self._ended: dict[str, tuple[int, str, str]] = {}
+        """The last reported heads of children that were replaced (their chains end there)."""
 
     def _acked(self, n: int) -> None:
         with self._lock:
@@ -136,7 +138,19 @@ class ProcessWriter:
         except OSError:
             return True
 
+    def heads(self) -> dict[str, tuple[int, str, str]]:
+        """Chain id -> (seq, hash, time) of the last batch end each child reported stored (the running
+        one's and those of children it replaced), for the anchors (`mrtr_keys.audit.anchor`)."""
+        out = dict(self._ended)
+        child = self.child
+        if child is not None and child.head is not None:
+            out[child.writer] = child.head
+        return out
+
     def _spawn(self) -> ChildWriter:
+        old = self.child
+        if old is not None and old.head is not None:
+            self._ended[old.writer] = old.head
         self.started += 1
         return ChildWriter(
             self._url,
