@@ -75,6 +75,7 @@ class Nemesis:
         ring: runs a fault on the key ring itself (`bench.chaos.ring_faults`); returns its note.
         disk_full: False where the state directory is not a file system of its own (the fault is then
             recorded as not applied).
+        anchors: the instances' anchor destination (``anchor_fail`` puts a file in its place).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class Nemesis:
         *,
         ring: Callable[[Fault], str],
         disk_full: bool,
+        anchors: Path | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
         self.schedule = schedule
@@ -94,6 +96,7 @@ class Nemesis:
         self.state = state
         self.ring = ring
         self.disk_full = disk_full
+        self.anchors = anchors
         self.log = log
         self.timeline = Timeline()
         self._stop = threading.Event()
@@ -167,6 +170,13 @@ class Nemesis:
             a.note = f"{fleet.fill_disk(self.state)} bytes written"
             self._hold(fault.duration)
             fleet.free_disk(self.state)
+        elif kind == "anchor_fail":
+            if self.anchors is None:
+                a.note = "not applied: no anchor destination"
+                return
+            fleet.break_anchors(self.anchors)
+            self._hold(fault.duration)
+            fleet.mend_anchors(self.anchors)
         elif kind in RING_KINDS:
             a.note = self.ring(fault)
         else:
@@ -198,6 +208,8 @@ class Nemesis:
         self.stop()
         self.links.heal()
         fleet.free_disk(self.state)
+        if self.anchors is not None:
+            fleet.mend_anchors(self.anchors)
         for member in self.members.values():
             fleet.resume(member)
             if member.killed:
