@@ -80,6 +80,8 @@ LONG_FIRST = (
     ("e2e/test_audit_flaps.py::test_a_sidecar_whose_audit_store_flaps", 32),
     ("e2e/test_revoke_cut_off.py", 25),
     ("audit/test_concurrent_start.py", 24),
+    ("e2e/test_usage_fleet.py", 30),
+    ("e2e/test_usage_budget.py", 20),
     # the fast loop's longest (pytest -m "not e2e"): started first, so none of them is left running alone at the end
     ("service/test_fence_sidecar.py::test_a_sidecar_that_missed_a_promote_opens_the_new_key_after_one_look", 5),
     ("replay/test_stores.py::test_a_postgres_connect_that_timed_out_leaves_no_socket_open", 4),
