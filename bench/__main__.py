@@ -2,7 +2,7 @@
 
 Parts (default: all, in this order): inprocess, vault_remote, sidecar_load, stalled, audit, audit_scale,
 single_use, faults, cli_time, memory, fleet, typescript (one line and an n/a row without node); fleet_paused, the
-paused-instance rows of fleet, can also run alone. Services
+paused-instance rows of fleet, and fleet_revoke, its revocation rows, can also run alone. Services
 (OpenBao dev server, moto server, the sidecar) are started on free loopback ports and stopped at the end.
 Results are printed as a Markdown table and written to bench/results/<timestamp>.json and
 bench/results/latest.json.
@@ -45,7 +45,7 @@ PARTS = (
     "fleet",
     "typescript",
 )
-ALONE = ("fleet_paused",)
+ALONE = ("fleet_paused", "fleet_revoke")
 """Parts that run by name only (each is also inside a part of `PARTS`)."""
 
 

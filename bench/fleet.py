@@ -9,8 +9,10 @@ new generation, from the presence rows (each instance writes one at once when it
 Reported: p50 and p99 of that time (target: p99 <= 3 s with defaults) and, from each instance's
 watcher, cheap checks and full keystore reads per instance per minute.
 
-Then the paused instances (`bench.fleet_paused`): rejected rounds with one instance paused 20 s across each
-phase (target 0), with the waits of each step and the paused instance's keystore requests.
+Then the revocations (`bench.fleet_revoke`): how fast a revoked primary dies on five instances carrying
+rounds, and the rounds refused against ``keys revoke``'s estimate. Then the paused instances
+(`bench.fleet_paused`): rejected rounds with one instance paused 20 s across each phase (target 0), with the
+waits of each step and the paused instance's keystore requests.
 
 Anchors for the note (vendors' defaults; none confirms that an instance has loaded the change): Vault
 Agent re-renders templates of static secrets about every 5 minutes, the AWS Secrets Manager caching
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_paused
+from bench import fleet_paused, fleet_revoke
 from bench.common import Settings
 from bench.report import Row, spread_of
 from bench.services import REPO, Services
@@ -167,4 +169,4 @@ def run(services: Services, settings: Settings) -> list[Row]:
             note="one stat() of the ring file every 2 s +-20 %",
         ),
     ]
-    return rows + fleet_paused.run(services, settings)
+    return rows + fleet_revoke.run(services, settings) + fleet_paused.run(services, settings)

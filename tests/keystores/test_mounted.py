@@ -108,3 +108,41 @@ def test_a_symlink_leaving_the_mount_is_refused(kubelet_mount: Path, tmp_path: P
     (kubelet_mount / "other.json").symlink_to(outside)
     with pytest.raises(KeystoreError, match="leaves its mount"):
         open_keystore(kubelet_mount / "other.json").load()
+
+
+def test_a_revocation_published_to_the_mount_is_refused_within_3_s_of_the_swap(
+    kubelet_mount: Path, tmp_path: Path
+) -> None:
+    """Issue 37 on a mounted Secret: the ring is revoked at its source and the kubelet publishes it (its own
+    sync comes first, up to a minute in a cluster); from the swap, a codec at the default 2 s check interval
+    refuses the revoked kid's tokens (`revoked kid`) within 3 s, and seals with the new primary."""
+    import time
+
+    from mcp.server.mcpserver import InvalidRequestState
+
+    from mrtr_keys.backends import backend_for
+    from mrtr_keys.changes.apply import apply_change
+    from mrtr_keys.changes.revoke import revoke
+    from mrtr_keys.factory import open_codec
+    from tests.support.lateness import Relay
+
+    source = FileKeystore(kubelet_mount.parent / "source" / "keyring.json")
+    source.create(fresh_ring())
+    publish(kubelet_mount, source.path.read_bytes())
+    mounted = open_keystore(kubelet_mount / "keyring.json", state_dir=tmp_path / "state")
+    codec = open_codec(mounted, audience="svc")  # the library's defaults: a check every 2 s (+-20 %)
+    kid = codec.ring.primary.kid  # type: ignore[attr-defined]
+    token = codec.seal(b"in flight")
+    apply_change(
+        source, "revoke", lambda r, at: revoke(r, kid, at, reason="leak", by="ops", backend=backend_for(r.codec))
+    )
+    with Relay() as relay:
+        publish(kubelet_mount, source.path.read_bytes())  # the kubelet's swap of ..data
+        swapped = time.monotonic()
+        while codec.ring.primary.kid == kid:  # type: ignore[attr-defined]
+            assert time.monotonic() - swapped < 3.0 + relay.overrun, "not reloaded within 3 s of the swap"
+            time.sleep(0.02)
+    with pytest.raises(InvalidRequestState, match="revoked kid"):
+        codec.unseal(token)
+    assert codec.unseal(codec.seal(b"next")) == b"next"
+    codec.watcher.stop()  # type: ignore[attr-defined]
