@@ -11,8 +11,9 @@ process ``host:pid:start``), unless
 * the process was killed before the event could be stored ("what a crash loses", docs/audit.md): it was
   SIGKILLed within `KILL_LOSS` s of the event, or paused or cut from its audit store in between.
 
-And: no event is stored twice (token, operation, outcome, process), no token is opened ``ok`` twice in
-the whole log (single use, seen from the log), and ``mrtr-keys audit verify`` exits 0.
+And: no event is stored twice (the same event again), no token is opened ``ok`` twice in the whole log (single
+use, seen from the log), and ``mrtr-keys audit verify --checkpoints ANCHORS`` exits 0 (every chain's keyed
+links, and the heads each instance anchored).
 """
 
 from __future__ import annotations
@@ -188,9 +189,10 @@ def _lost_with_kill(e: Expected, timeline: Timeline) -> bool:
     return False
 
 
-def verify(env: dict[str, str], run_cli: Callable[..., Any]) -> tuple[int, str]:
-    """``mrtr-keys audit verify --json``: its exit code and output."""
-    res = run_cli("audit", "verify", "--json", env=env, timeout=600)
+def verify(env: dict[str, str], run_cli: Callable[..., Any], anchors: Path) -> tuple[int, str]:
+    """``mrtr-keys audit verify --checkpoints ANCHORS --json`` (the keyed chains, and the heads every instance
+    anchored, issue 38): its exit code and output."""
+    res = run_cli("audit", "verify", "--checkpoints", str(anchors), "--json", env=env, timeout=600)
     return res.code, (res.out + res.err)[-2000:]
 
 

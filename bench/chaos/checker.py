@@ -8,7 +8,8 @@ the evidence. The rules, in the order `classify_rounds`, `check_readiness` and `
 * **No round is rejected except by design.** A rejected round 2 takes its reason from the opener's audit
   event for that token (same process). By design: ``replay store unavailable`` while that instance's link
   to the replay store was faulted (`REPLAY_SLACK` s before, for the reconnect after a heal, to 1 s after);
-  ``replayed`` when the other copy of a race won; ``expired`` when the round took longer than the TTL.
+  ``replayed`` when the other copy of a race won; ``expired`` when the round took longer than the TTL;
+  ``revoked kid`` once that kid was revoked (issue 37).
   Any other reason, or none found, is a violation.
 * **No round fails except on a killed or paused instance.** A failed call (refused, reset, past its
   deadline, a 5xx) must overlap a kill or pause of the instance it went to (`DOWN_SLACK` s either side).
@@ -45,6 +46,7 @@ BY_DESIGN = {
     "replay store unavailable": "replay store down (on_store_error=deny)",
     "replayed": "single-use replay (the other copy of a race won)",
     "expired": "older than the TTL",
+    "revoked kid": "a revoked key",
 }
 
 
@@ -70,6 +72,8 @@ class Checker:
     rejections: collections.Counter[str] = field(default_factory=collections.Counter)
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
     forger: collections.Counter[str] = field(default_factory=collections.Counter)
+    revoked: list[tuple[float, str]] = field(default_factory=list)
+    """(time, kid) of each revocation the nemesis made (`bench.chaos.ring_faults`)."""
     spent_again: list[Round] = field(default_factory=list)
     """Raw sidecar tokens served again after their single-use record expired (by design, `_forged`)."""
 
@@ -145,6 +149,8 @@ class Checker:
             self.failures["typescript: a sidecar killed or paused"] += 1
         elif any(self.link_faulted(n, "replay", r.t0 - REPLAY_SLACK, end, _ANY_LINK) for n in names):
             self.rejections[BY_DESIGN["replay store unavailable"] + " (typescript)"] += 1
+        elif any(r.t0 - self.ttl <= at <= end for at, _ in self.revoked):
+            self.rejections[BY_DESIGN["revoked kid"] + " (typescript)"] += 1
         else:
             self.report(r.t0, f"typescript round {r.outcome} through {r.sealer}", r.detail, end=r.t1)
 
@@ -171,6 +177,9 @@ class Checker:
             why = BY_DESIGN["replayed"] + ("" if reason else ", no event stored")
         elif reason == "expired":
             why = BY_DESIGN[reason] if r.t1 - r.t0 >= self.ttl else None
+        elif reason == "revoked kid":
+            kid = events[0].kid
+            why = BY_DESIGN[reason] if any(k == kid and at <= r.t1 for at, k in self.revoked) else None
         elif reason is None and self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK):
             why = BY_DESIGN["replay store unavailable"] + ", no event stored"
         if why is not None:

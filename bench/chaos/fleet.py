@@ -287,28 +287,48 @@ def link_env(deps: Deps, links: dict[str, CountingProxy], state_dir: Path) -> di
 
 
 def mcp_member(
-    name: str, ring: str, deps: Deps, links: dict[str, CountingProxy], state: Path, logs: Path, *, ttl: float
+    name: str,
+    ring: str,
+    deps: Deps,
+    links: dict[str, CountingProxy],
+    state: Path,
+    logs: Path,
+    *,
+    ttl: float,
+    anchors: tuple[Path, float],
 ) -> Member:
-    """A library MCP server (`bench.chaos.mcp_server`, rounds valid `ttl` s) on a free port, not started."""
+    """A library MCP server (`bench.chaos.mcp_server`, rounds valid `ttl` s, audit heads anchored to the
+    directory `anchors[0]` every `anchors[1]` s) on a free port, not started."""
     port = free_port()
     env = link_env(deps, links, state)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     argv = [sys.executable, "-m", "bench.chaos.mcp_server", "--keystore", ring, "--audience", AUDIENCE]
     argv += ["--port", str(port), "--instance", name, "--ttl", f"{ttl:g}", "--reload-every", str(RELOAD)]
     argv += ["--heartbeat-every", str(HEARTBEAT), "--single-use", through(deps.redis_url, links["replay"])]
+    argv += ["--audit-anchor", str(anchors[0]), "--audit-anchor-every", f"{anchors[1]:g}"]
     return Member(name, "mcp", argv, env, port, logs, links)
 
 
 def sidecar_member(
-    name: str, ring: str, deps: Deps, links: dict[str, CountingProxy], state: Path, logs: Path, *, ttl: float
+    name: str,
+    ring: str,
+    deps: Deps,
+    links: dict[str, CountingProxy],
+    state: Path,
+    logs: Path,
+    *,
+    ttl: float,
+    anchors: tuple[Path, float],
 ) -> Member:
-    """A sidecar (``mrtr-keys serve``) single-use for every unseal, on a free port, not started."""
+    """A sidecar (``mrtr-keys serve``) single-use for every unseal, its audit heads anchored as `mcp_member`'s,
+    on a free port, not started."""
     port = free_port()
     env = link_env(deps, links, state)
     env["MRTR_KEYS_REPLAY_STORE"] = through(deps.redis_url, links["replay"])
     argv = [sys.executable, "-m", "mrtr_keys.cli.main", "serve", "--keystore", ring, "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--instance", name, "--heartbeat-interval", str(HEARTBEAT)]
     argv += ["--reload-interval", str(RELOAD), "--on-replay-store-error", "deny"]
+    argv += ["--audit-anchor", str(anchors[0]), "--audit-anchor-every", f"{anchors[1]:g}"]
     return Member(name, "sidecar", argv, env, port, logs, links)
 
 
@@ -351,3 +371,19 @@ def fill_disk(state: Path) -> int:
 def free_disk(state: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         (state / FILLER).unlink()
+
+
+def break_anchors(anchors: Path) -> None:
+    """The anchor destination fails: the directory moves aside and a file takes its place (ENOTDIR even for
+    root, whom no permission stops)."""
+    if anchors.is_dir() and not anchors.with_name(anchors.name + ".aside").exists():
+        anchors.rename(anchors.with_name(anchors.name + ".aside"))
+        anchors.write_text("not a directory: the chaos nemesis broke this anchor destination\n")
+
+
+def mend_anchors(anchors: Path) -> None:
+    aside = anchors.with_name(anchors.name + ".aside")
+    if aside.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            anchors.unlink()
+        aside.rename(anchors)

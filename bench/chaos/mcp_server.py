@@ -2,8 +2,9 @@
 
 The example server's ``provision`` tool (`mrtr_keys.example.app.build_server`) with
 ``mrtr_keys.request_state_security(keystore, audience=..., ttl=..., single_use=URL, on_store_error="deny",
-reload_every=..., heartbeat_every=..., instance=...)``: the library codec the ring records, its watcher,
-fence and presence, its audit log (``MRTR_KEYS_AUDIT``), every round single-use in the replay store.
+reload_every=..., heartbeat_every=..., instance=..., audit_anchor=DEST, audit_anchor_every=...)``: the library
+codec the ring records, its watcher, fence and presence, its audit log (``MRTR_KEYS_AUDIT``) anchored to DEST,
+every round single-use in the replay store.
 
 Beside ``/mcp`` it answers ``GET /chaos/status`` with what the product's own objects say about this
 process, for the checker (the library has no /readyz or /metrics of its own): the generation and primary
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reload-every", type=float, default=1.0)
     parser.add_argument("--heartbeat-every", type=float, default=2.0)
     parser.add_argument("--single-use", required=True)
+    parser.add_argument("--audit-anchor", default=None)
+    parser.add_argument("--audit-anchor-every", type=float, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-8s %(name)s: %(message)s")
     try:
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             reload_every=args.reload_every,
             heartbeat_every=args.heartbeat_every,
             instance=args.instance,
+            audit_anchor=args.audit_anchor,
+            audit_anchor_every=args.audit_anchor_every,
         )
     except MrtrKeysError as exc:  # as the example server does: one line and its exit code
         print(f"python -m bench.chaos.mcp_server: error: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.chaos import fleet
 from bench.chaos.fleet import Links, Member
-from bench.chaos.schedule import Fault, Schedule
+from bench.chaos.schedule import RING_KINDS, Fault, Schedule
 
 
 @dataclass
@@ -72,9 +72,10 @@ class Nemesis:
     """Plays `schedule` on `members` / `links` / the state directory (see the module docstring).
 
     Args:
-        ring_race: runs the ring race (two ring writes at once); returns its note.
+        ring: runs a fault on the key ring itself (`bench.chaos.ring_faults`); returns its note.
         disk_full: False where the state directory is not a file system of its own (the fault is then
             recorded as not applied).
+        anchors: the instances' anchor destination (``anchor_fail`` puts a file in its place).
     """
 
     def __init__(
@@ -84,16 +85,18 @@ class Nemesis:
         links: Links,
         state: Path,
         *,
-        ring_race: Callable[[], str],
+        ring: Callable[[Fault], str],
         disk_full: bool,
+        anchors: Path | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
         self.schedule = schedule
         self.members = members
         self.links = links
         self.state = state
-        self.ring_race = ring_race
+        self.ring = ring
         self.disk_full = disk_full
+        self.anchors = anchors
         self.log = log
         self.timeline = Timeline()
         self._stop = threading.Event()
@@ -167,8 +170,15 @@ class Nemesis:
             a.note = f"{fleet.fill_disk(self.state)} bytes written"
             self._hold(fault.duration)
             fleet.free_disk(self.state)
-        elif kind == "ring_race":
-            a.note = self.ring_race()
+        elif kind == "anchor_fail":
+            if self.anchors is None:
+                a.note = "not applied: no anchor destination"
+                return
+            fleet.break_anchors(self.anchors)
+            self._hold(fault.duration)
+            fleet.mend_anchors(self.anchors)
+        elif kind in RING_KINDS:
+            a.note = self.ring(fault)
         else:
             self._link(fault)
 
@@ -198,6 +208,8 @@ class Nemesis:
         self.stop()
         self.links.heal()
         fleet.free_disk(self.state)
+        if self.anchors is not None:
+            fleet.mend_anchors(self.anchors)
         for member in self.members.values():
             fleet.resume(member)
             if member.killed:

@@ -28,7 +28,8 @@ from bench.chaos.checker import Checker
 from bench.chaos.fleet import AUDIENCE, Deps, Links, Member
 from bench.chaos.nemesis import Nemesis, Timeline
 from bench.chaos.probes import Prober
-from bench.chaos.rotator import CHANGED, Rotator
+from bench.chaos.ring_faults import RingFaults
+from bench.chaos.rotator import Rotator
 from bench.chaos.schedule import KINDS, Schedule, make_schedule
 from bench.chaos.traffic import Traffic
 from bench.chaos.typescript import TsClients
@@ -59,6 +60,8 @@ class Config:
     replay: Schedule | None = None
     results_dir: Path | None = None
     quiet: bool = False
+    anchor_every: float = 10.0
+    """Seconds between two anchors of an instance's audit heads (the product's default is 300)."""
     after_heal: float = 5.0
     """Seconds the clients go on after the last heal (every round then must be served)."""
     typescript: bool = True
@@ -77,13 +80,13 @@ class Run:
     workdir: Path
     ring: str = ""
     state: Path = Path()
+    anchors: Path = Path()
+    """The directory every instance anchors its audit heads to (issue 38)."""
     members: dict[str, Member] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds each part of the run took: setup, faults, ending, checks."""
     closers: list[Any] = field(default_factory=list)
     """Every started component's stop (idempotent), run in reverse at the end even after an error."""
-    races: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def log(self, line: str) -> None:
         if not self.config.quiet:
@@ -121,39 +124,12 @@ def _schedule(config: Config, names: list[str]) -> Schedule:
     )
 
 
-def ring_race(run: Run, checker: Checker) -> str:
-    """``rotate next`` and ``audience add race-N`` at once (and ``audience remove`` of the previous one)."""
-    with run.lock:
-        run.races += 1
-        n = run.races
-    results: dict[str, Any] = {}
-
-    def one(key: str, *args: str) -> None:
-        results[key] = run_cli(*args, "--json", env=run.env(), timeout=120)
-
-    threads = [
-        threading.Thread(target=one, args=("next", "rotate", "next")),
-        threading.Thread(target=one, args=("add", "audience", "add", f"race-{n}")),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(130)
-    if n > 1:
-        one("remove", "audience", "remove", f"race-{n - 1}")
-    notes = []
-    for key, res in results.items():
-        notes.append(f"{key}: exit {res.code}")
-        ok = res.code in (0, 75) or (res.code == 1 and CHANGED in res.err)
-        if not ok:
-            checker.report(time.time(), f"ring write racing a rotation ({key}) exited {res.code}", res.err + res.out)
-    return ", ".join(notes)
-
-
 def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
     """The whole run (see the module docstring); the report."""
     r = Run(config, deps, workdir)
     r.state = workdir / "state"
+    r.anchors = workdir / "anchors"
+    r.anchors.mkdir(parents=True, exist_ok=True)
     disk = fleet.mount_state_dir(r.state)
     r.ring = f"vault-kv://secret/chaos/{workdir.name}"
     links = Links(deps)
@@ -172,7 +148,8 @@ def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
         logs.mkdir(parents=True, exist_ok=True)
         for name in names:
             make = fleet.mcp_member if name.startswith("mcp-") else fleet.sidecar_member
-            r.members[name] = make(name, r.ring, deps, links.make(name), r.state, logs, ttl=config.ttl)
+            anchors = (r.anchors, config.anchor_every)
+            r.members[name] = make(name, r.ring, deps, links.make(name), r.state, logs, ttl=config.ttl, anchors=anchors)
         threads = [threading.Thread(target=fleet.start, args=(m,)) for m in r.members.values()]
         for t in threads:
             t.start()
@@ -198,6 +175,7 @@ def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
                 fleet.kill(member)
         links.close()
         fleet.free_disk(r.state)
+        fleet.mend_anchors(r.anchors)
         if disk:
             fleet.unmount_state_dir(r.state)
 
@@ -214,9 +192,9 @@ def _run(
     presence = _presence_reader(r.deps.pg_url)
     timeline = Timeline()
     checker = Checker(r.members, timeline, config.ttl, lateness)
-    nemesis = Nemesis(
-        schedule, r.members, links, r.state, ring_race=lambda: ring_race(r, checker), disk_full=disk, log=r.log
-    )
+    ring = RingFaults(r.env, checker.report)
+    checker.revoked = ring.revoked
+    nemesis = Nemesis(schedule, r.members, links, r.state, ring=ring.run, disk_full=disk, anchors=r.anchors, log=r.log)
     nemesis.timeline = timeline
     r.log(f"[chaos] schedule: seed {schedule.seed}, {len(schedule.faults)} faults")
     for fault in schedule.faults:
@@ -294,7 +272,7 @@ def _run(
     dropped = audit_check.last_dropped(prober.samples.members)
     spent_again = {fp(x.token) for x in checker.spent_again if x.token}
     audit_counts = audit_check.check_events(index, expected, dropped, nemesis.timeline, checker.report, spent_again)
-    code, out = audit_check.verify(r.env(), run_cli)
+    code, out = audit_check.verify(r.env(), run_cli, r.anchors)
     if code != 0:
         checker.report(time.time(), f"audit verify exited {code}", out)
     readiness = checker.check_readiness(prober.samples, READY_GRACE)
@@ -323,6 +301,7 @@ def _run(
         probe_errors=prober.errors[:20],
     )
     doc["timings"] = r.timings
+    doc["anchors"] = sum(1 for f in r.anchors.rglob("*") if f.is_file())
     if results is not None:
         doc["results"] = str(
             report.write(

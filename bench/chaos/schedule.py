@@ -14,6 +14,9 @@ from the menu (`KINDS`, each with a weight), each with its target and duration:
 | ``writer_kill`` | an instance | instant | SIGKILL of its audit writer process |
 | ``disk_full`` | ``state`` | 5-60 s | the fleet's state directory (a small tmpfs) filled to the last byte |
 | ``ring_race`` | ``ring`` | instant | ``rotate next`` and ``audience add`` started at once, racing the rotator |
+| ``revoke`` | ``ring`` | instant | ``keys revoke`` of the primary or the verify key (issue 37) |
+| ``budget`` | ``ring`` | instant | primary's budget lowered, ``rotate next --if-used-over 0.5`` (issue 36) |
+| ``anchor_fail`` | ``anchors`` | 5-60 s | the anchor directory replaced by a file: every anchor fails (issue 38) |
 
 A dependency is ``keystore`` (OpenBao KV v2), ``audit`` (PostgreSQL: presence and the audit log) or
 ``replay`` (Redis: single-use rounds); ``all`` is that dependency for every instance and the rotator.
@@ -49,12 +52,17 @@ WEIGHTS: dict[str, float] = {
     "writer_kill": 0.6,
     "disk_full": 0.4,
     "ring_race": 0.6,
+    "revoke": 0.4,
+    "budget": 0.4,
+    "anchor_fail": 0.4,
 }
 """Relative frequency of each kind in the menu."""
 KINDS = tuple(WEIGHTS)
 ALL = "all"
 """The target of a dependency fault on every instance's link (and the rotator's)."""
-INSTANT = ("writer_kill", "ring_race")
+RING_KINDS = ("ring_race", "revoke", "budget")
+"""Faults on the key ring itself (`bench.chaos.ring_faults`), all at once."""
+INSTANT = ("writer_kill", *RING_KINDS)
 
 
 @dataclass(frozen=True)
@@ -218,7 +226,13 @@ def _draw(rng: random.Random, kind: str, at: float, room: float, occ: _Occupancy
             return None
         occ.take("disk/state", at, at + duration)
         return Fault(round(at, 2), kind, "state", round(duration, 2))
-    if kind == "ring_race":
+    if kind == "anchor_fail":
+        duration = min(rng.uniform(5.0, 60.0), room)
+        if not occ.free("anchors/all", at, at + duration):
+            return None
+        occ.take("anchors/all", at, at + duration)
+        return Fault(round(at, 2), kind, "anchors", round(duration, 2))
+    if kind in RING_KINDS:
         return Fault(round(at, 2), kind, "ring")
     raise ValueError(f"unknown fault kind {kind!r}")
 

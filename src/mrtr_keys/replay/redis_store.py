@@ -104,7 +104,8 @@ class RedisReplayStore:
         self._key: bytes | None = None
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._held: list[Any] = []
+        self._held: list[tuple[threading.Thread, Any]] = []
+        """(thread, its connection) of every live thread that has one."""
 
     def __repr__(self) -> str:
         return f"RedisReplayStore({self.url!r}, prefix={self.prefix!r})"
@@ -119,14 +120,20 @@ class RedisReplayStore:
         return self._health.down_since
 
     def _connection(self) -> Any:
-        """This thread's connection (made on first use in this thread and process)."""
+        """This thread's connection (made on first use in this thread and process). Making one closes those of
+        threads that have ended: a sidecar's worker threads come and go, and each kept its connection (and a
+        Redis client) to the end."""
         held = getattr(self._local, "held", None)
         pid = os.getpid()
         if held is not None and held[0] == pid:
             return held[1]
         conn = self._client.connection_pool.make_connection()
         with self._lock:
-            self._held.append(conn)
+            ended = [c for t, c in self._held if not t.is_alive()]
+            self._held = [(t, c) for t, c in self._held if t.is_alive()]
+            self._held.append((threading.current_thread(), conn))
+        for old in ended:
+            old.disconnect()
         self._local.held = (pid, conn)
         return conn
 
@@ -187,6 +194,6 @@ class RedisReplayStore:
     def close(self) -> None:
         with self._lock:
             held, self._held = self._held, []
-        for conn in held:
+        for _, conn in held:
             conn.disconnect()
         self._client.close()
