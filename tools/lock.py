@@ -49,6 +49,10 @@ class Disagrees(Exception):
     """A generated file does not match the lock, or the lock does not match pyproject.toml."""
 
 
+class CannotCheck(Exception):
+    """There is no uv to check the lock with (`make lock` would not help)."""
+
+
 def lock_digest() -> str:
     """The sha256 of uv.lock, hex (the image's label ``mrtr-keys.uv-lock.sha256`` and the SBOM's property)."""
     return hashlib.sha256(LOCK.read_bytes()).hexdigest()
@@ -111,7 +115,7 @@ def _name(requirement: str) -> str:
 def check() -> None:
     """Raise Disagrees (one line) unless pyproject.toml, uv.lock, the exports and the Dockerfile agree."""
     if not UV.exists():
-        raise Disagrees(f"{UV} is missing (a pip-only .venv): cannot check uv.lock")
+        raise CannotCheck(f"{UV} is missing (a .venv pip's fallback made): cannot check uv.lock")
     done = _uv("lock", "--check", "--offline")
     if done.returncode != 0:
         raise Disagrees("pyproject.toml and uv.lock disagree")
@@ -131,6 +135,9 @@ def main(argv: list[str]) -> int:
     if argv == ["check"]:
         try:
             check()
+        except CannotCheck as exc:
+            print(f"lock: {exc}", file=sys.stderr)
+            return 1
         except Disagrees as exc:
             print(f"lock: {exc}: run 'make lock' and commit what it changes", file=sys.stderr)
             return 1

@@ -130,3 +130,4 @@ def test_a_venv_without_uv_gets_one_line_from_the_lock_check_and_the_sbom(tmp_pa
         done = subprocess.run([str(python), str(REPO / "tools" / tool), *args], capture_output=True, text=True)
         assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith(said) and str(tmp_path / "bin" / "uv") in done.stderr
+        assert "make lock" not in done.stderr  # it needs uv too: the hint would send one round in circles
