@@ -21,6 +21,7 @@ client refreshes hourly, a mounted Kubernetes Secret follows the kubelet's sync 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,24 +70,15 @@ def _wait_all(store: Any, names: set[str], generation: int, timeout: float = 60.
     return seen
 
 
-def run(services: Services, settings: Settings) -> list[Row]:
-    from mrtr_keys.audit.stores.url import default_url, open_store
-    from mrtr_keys.changes.create import create_ring
-    from mrtr_keys.changes.rotation import run_step
-    from mrtr_keys.keystores.file import FileKeystore
-
-    changes = 3 if settings.quick else CHANGES
-    workdir = Path(services.workdir) / "fleet"
-    workdir.mkdir(parents=True, exist_ok=True)
-    ring = workdir / "keyring.json"
-    keystore = FileKeystore(ring)
-    create_ring(keystore)
+@contextlib.contextmanager
+def workers(ring: Path, names: set[str], counters: list[dict[str, Any]], *args: str) -> Iterator[None]:
+    """`bench.fleet_worker` processes on `ring`, one a name in `names` (extra worker arguments `args`), ready
+    when the block starts; on exit their stdin is closed and each one's counters are appended to `counters`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    names = {f"bench-{i}" for i in range(1, INSTANCES + 1)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_worker", str(ring), name],
+            [sys.executable, "-m", "bench.fleet_worker", str(ring), name, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -94,25 +87,12 @@ def run(services: Services, settings: Settings) -> list[Row]:
         )
         for name in sorted(names)
     ]
-    latencies: list[float] = []
-    counters: list[dict[str, float]] = []
     try:
         for proc in procs:
             assert proc.stdout is not None
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a fleet worker did not start")
-        store = open_store(default_url(workdir))
-        rng = random.Random(11)
-        try:
-            _wait_all(store, names, keystore.load().generation)
-            for _ in range(changes):
-                time.sleep(rng.uniform(0.3, 2.3))  # land at a random point of the instances' check cycles
-                result = run_step(keystore, "next", force=True)
-                written = time.time()
-                seen = _wait_all(store, names, result.ring.generation)
-                latencies.append(max(seen.values()) - written)
-        finally:
-            store.close()
+        yield
     finally:
         for proc in procs:
             if proc.stdin is not None:
@@ -126,6 +106,36 @@ def run(services: Services, settings: Settings) -> list[Row]:
             except Exception:
                 proc.kill()
                 proc.wait()
+
+
+def run(services: Services, settings: Settings) -> list[Row]:
+    from mrtr_keys.audit.stores.url import default_url, open_store
+    from mrtr_keys.changes.create import create_ring
+    from mrtr_keys.changes.rotation import run_step
+    from mrtr_keys.keystores.file import FileKeystore
+
+    changes = 3 if settings.quick else CHANGES
+    workdir = Path(services.workdir) / "fleet"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ring = workdir / "keyring.json"
+    keystore = FileKeystore(ring)
+    create_ring(keystore)
+    names = {f"bench-{i}" for i in range(1, INSTANCES + 1)}
+    latencies: list[float] = []
+    counters: list[dict[str, Any]] = []
+    with workers(ring, names, counters):
+        store = open_store(default_url(workdir))
+        rng = random.Random(11)
+        try:
+            _wait_all(store, names, keystore.load().generation)
+            for _ in range(changes):
+                time.sleep(rng.uniform(0.3, 2.3))  # land at a random point of the instances' check cycles
+                result = run_step(keystore, "next", force=True)
+                written = time.time()
+                seen = _wait_all(store, names, result.ring.generation)
+                latencies.append(max(seen.values()) - written)
+        finally:
+            store.close()
     p50 = statistics.median(latencies)
     p99 = _percentile(latencies, 0.99)
     checks = [c["checks"] / c["seconds"] * 60 for c in counters if c["seconds"] > 0]

@@ -16,19 +16,15 @@ counted under the keystore lock just before the write: `mrtr_keys.fleet.revoke_e
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import Settings
 from bench.report import Row, spread_of
-from bench.services import REPO, Services
+from bench.services import Services
 
 PART = "fleet"
 INSTANCES = 5
@@ -38,7 +34,7 @@ HOLD = 5.0
 
 
 def run(services: Services, settings: Settings) -> list[Row]:
-    from bench.fleet import _percentile, _wait_all
+    from bench.fleet import _percentile, _wait_all, workers
     from mrtr_keys.audit.stores.base import Query
     from mrtr_keys.audit.stores.url import default_url, open_store
     from mrtr_keys.backends import backend_for
@@ -54,29 +50,12 @@ def run(services: Services, settings: Settings) -> list[Row]:
     workdir.mkdir(parents=True, exist_ok=True)
     keystore = FileKeystore(workdir / "keyring.json")
     create_ring(keystore)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     names = {f"revoke-{i}" for i in range(1, INSTANCES + 1)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_worker", str(keystore.path), name, str(hold)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=REPO,
-        )
-        for name in sorted(names)
-    ]
     latencies: list[float] = []  # every instance's, every revoke
     slowest: list[float] = []  # the last instance's, per revoke
     pairs: list[tuple[int, int]] = []  # (estimate, refused) per revoke
     counters: list[dict[str, Any]] = []
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError("a fleet worker did not start")
+    with workers(keystore.path, names, counters, str(hold)):
         store = open_store(default_url(workdir))
         rng = random.Random(37)
         try:
@@ -101,19 +80,6 @@ def run(services: Services, settings: Settings) -> list[Row]:
                 pairs.append((counted[-1], refused))
         finally:
             store.close()
-    finally:
-        for proc in procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        for proc in procs:
-            try:
-                assert proc.stdout is not None
-                out = proc.stdout.read()
-                proc.wait(timeout=30)
-                counters.append(json.loads(out.strip().splitlines()[-1]))
-            except Exception:
-                proc.kill()
-                proc.wait()
     errors = [abs(r - e) / e * 100 for e, r in pairs if e]
     opened = sum(c.get("opened", 0) for c in counters)
     name = f"revoke: keystore write -> every one of {INSTANCES} instances at the new generation"

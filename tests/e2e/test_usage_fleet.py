@@ -40,6 +40,14 @@ class CountingTraffic(Traffic):
     """`Traffic` that also counts, per kid, the seals whose token reached the driver."""
 
     sealed: Counter[str] = field(default_factory=Counter)
+    orphaned: int = 0
+    """Sidecar tokens sealed by the surviving sidecar whose second round needed the killed one (their seals count)."""
+
+    def _fail(self, what: str) -> None:
+        if what.startswith("no other sidecar instance up"):
+            self.orphaned += 1
+            return
+        super()._fail(what)
 
     async def _first_rounds(self, turn: int, pending: Any, http: Any, headers: dict[str, str]) -> None:
         before = len(pending)

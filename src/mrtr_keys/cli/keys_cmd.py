@@ -129,7 +129,10 @@ def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> 
     info["sealing"] = key.state.value == "primary"
     info["opening"] = key.usable
     info.update(usage.of(ring, kid))
-    info["budget_from"] = "key" if key.budget is not None else "ring" if ring.seal_budget is not None else "format"
+    own = key.budget if key.budget is not None else ring.seal_budget
+    info["budget_from"] = (
+        "format" if own is None or own > info["budget"] else "key" if key.budget is not None else "ring"
+    )  # a budget over the format's limit counts as the limit (`mrtr_keys.ring.budgets.budget_of`)
     info["material"] = "destroyed" if key.destroyed else ("held" if key.material or key.key_data else "none")
     info.update(ring_id=ring.ring_id, generation=ring.generation, codec=ring.codec.type)
     if usage.note:

@@ -87,6 +87,7 @@ def revoke(
     audit = existing_store(store, audit=root_audit())
     try:
         now = utcnow()
+        # a revoked primary's successor may be the ring's first mk2 key: the same release (0.2.0) reads both
         note = None if key.revoked else refuse_unreadable(audit, ring, [KEY_STATE_REVOKED], now, force=force, what=OP)
         est = estimate(audit, ring, kid, now) if not key.revoked else None
         if est is not None and not yes:  # what it would break now, then ask
