@@ -1,14 +1,22 @@
 """``make bench-check`` (bench/check.py, issue 41): its verdict and its probe. The full A/B (a base revision
 built in a worktree, sidecars, wrk) runs in ``.ci/run`` after ``make test``; here, what decides it: a HEAD
 row more than 20 % worse than the base fails, a row within it passes, the on/off rows only inform; the base
-defaults to the commit of docs/performance.md's table; and the probe measures both kinds of row with this
-interpreter's package (the one each side runs)."""
+defaults to the commit of docs/performance.md's table; the probe measures both kinds of row with this
+interpreter's package (the one each side runs); the base is built from a lock, never resolved; and what is no
+regression of HEAD (a base it cannot have, build or run) does not fail it, while a HEAD that cannot run does."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
-from bench.check import Row, render, table_revision
+import pytest
+from bench.check import HeadFailed, NotChecked, Row, _probe, _Sidecar, base_python, render, resolve, table_revision
+from packaging.utils import canonicalize_name
+
+from tests.supply.pins import REPO, locked_pins
 
 
 def _row(name: str, base: float, head: float, *, higher: bool = True, gated: bool = True) -> Row:
@@ -53,3 +61,41 @@ def test_the_probe_measures_both_in_process_rows_with_this_package(tmp_path: Pat
     inprocess = check_probe.inprocess(200, tmp_path / "ip")
     assert inprocess["on_us"] > 0 and inprocess["off_us"] > 0
     assert check_probe.writer(2_000, tmp_path / "w")["events_per_s"] > 0
+
+
+def test_a_base_older_than_the_lock_is_built_from_heads_lock_and_nothing_is_resolved(tmp_path: Path) -> None:
+    """95b81a7 (the table's commit) predates uv.lock: its venv holds HEAD's locked runtime set and build
+    backend, each artifact checked against its sha256, and the base's own package; its Makefile (which
+    resolved every dependency afresh from the registry, so CI ran unreviewed code) is not used."""
+    python = base_python(resolve("95b81a7"), tmp_path)
+    venv = python.parent.parent
+    log = (tmp_path / "95b81a735bde.build.log").read_text()
+    assert "make" not in log.split() and log.count("--require-hashes --no-deps") == 1
+    site = [str(p) for p in venv.glob("lib/python*/site-packages")]
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions(path=site)}
+    assert installed.pop("mrtr-keys") == "0.1.0"  # the base's own package, not HEAD's
+    locked = locked_pins(REPO / "requirements" / "image.txt") | locked_pins(REPO / "requirements" / "build.txt")
+    assert installed == locked
+    assert base_python(resolve("95b81a7"), tmp_path) == python  # built once, then reused
+
+
+def test_a_base_this_clone_lacks_is_not_checked_and_a_named_one_is_a_bad_command_line() -> None:
+    with pytest.raises(NotChecked, match="is not in this clone"):
+        resolve("0" * 40)  # the default base of a shallow clone: CI passes, saying so
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.check", "--base", "no-such-rev"], cwd=REPO, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "bench-check: the base revision no-such-rev is not in this clone (a shallow clone? git fetch --unshallow)\n"
+    )
+
+
+def test_a_base_that_cannot_run_is_not_checked_and_a_head_that_cannot_fails(tmp_path: Path) -> None:
+    false = Path("/bin/false")
+    with pytest.raises(NotChecked, match=r"^base: the writer probe failed"):
+        _probe(false, "base", "writer", "10", str(tmp_path))
+    with pytest.raises(HeadFailed, match=r"^HEAD: the writer probe failed"):
+        _probe(false, "head", "writer", "10", str(tmp_path))
+    with pytest.raises(NotChecked, match=r"^base: a sidecar \(audit on\) did not start"):
+        _Sidecar(false, "base", tmp_path / "sc", "on")
