@@ -7,6 +7,7 @@ regression of HEAD (a base it cannot have, build or run) does not fail it, while
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from importlib import metadata
@@ -91,6 +92,16 @@ def test_a_base_older_than_the_lock_is_built_from_heads_lock_and_nothing_is_reso
     locked = locked_pins(REPO / "requirements" / "image.txt") | locked_pins(REPO / "requirements" / "build.txt")
     assert installed == locked
     assert base_python(resolve("95b81a7"), tmp_path) == python  # built once, then reused
+    # the probes run with the base's package too (a module moved since is looked up where the base has it)
+    for row, n in (("inprocess", "200"), ("writer", "2000")):
+        done = subprocess.run(
+            [str(python), str(REPO / "bench" / "check_probe.py"), row, n, str(tmp_path / row)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-500:]
+        assert all(v > 0 for v in json.loads(done.stdout.splitlines()[-1]).values())
 
 
 def test_a_base_this_clone_lacks_is_not_checked_and_a_named_one_is_a_bad_command_line() -> None:
