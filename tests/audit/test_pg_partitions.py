@@ -19,12 +19,12 @@ import psycopg
 import pytest
 from bench.audit_log import fill
 
-from mrtr_keys.audit.chain import ChainWriter
 from mrtr_keys.audit.events import AuditEvent
-from mrtr_keys.audit.stores import pg_layout as layout
-from mrtr_keys.audit.stores.base import SQL_MIGRATIONS, record_row, stored_prefix
-from mrtr_keys.audit.stores.pg_layout import AHEAD_DAYS, day_of
-from mrtr_keys.audit.stores.postgres import PostgresStore
+from mrtr_keys.audit.writing.chain import ChainWriter
+from mrtr_keys.audit.writing.stores import pg_layout as layout
+from mrtr_keys.audit.writing.stores.base import SQL_MIGRATIONS, record_row, stored_prefix
+from mrtr_keys.audit.writing.stores.pg_layout import AHEAD_DAYS, day_of
+from mrtr_keys.audit.writing.stores.postgres import PostgresStore
 from tests.fixtures.audit import cli, known_events
 
 pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key

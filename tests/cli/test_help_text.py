@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mrtr_keys.audit.stores.base import SCHEMA_VERSION
+from mrtr_keys.audit.writing.stores.base import SCHEMA_VERSION
 from tests.fixtures.audit import cli
 
 COMMANDS = [

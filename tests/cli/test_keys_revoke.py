@@ -18,7 +18,7 @@ from mcp.server.mcpserver import InvalidRequestState
 from prometheus_client import REGISTRY
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.url import default_url, open_store
+from mrtr_keys.audit.writing.stores.url import default_url, open_store
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.fleet.instances import InstanceRecord
 from tests.fixtures.audit import cli

@@ -18,8 +18,8 @@ import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.key_usage import SETTLED, totals
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.key_usage import SETTLED, totals
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.local import LocalAESGCMCodec
@@ -224,7 +224,7 @@ def test_counts_settled_while_a_process_was_cut_off_are_not_counted_twice(fleet:
 def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.writing.stores.base import Query
     from mrtr_keys.factory import request_state_security
 
     keystore = FileKeystore(tmp_path / "keyring.json")

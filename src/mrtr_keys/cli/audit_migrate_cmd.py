@@ -3,7 +3,7 @@
 PostgreSQL: the events table becomes narrow rows partitioned by day (every row copied with its storage
 position, in one transaction); SQLite from 4: one index replaced, from 3: every row copied into the narrow
 rows. Then the events written before the hourly totals of ``audit stats`` existed are counted into them, in
-pages (`mrtr_keys.audit.stores.hours`); on a schema 5 store that is all it does. Refuses a store with
+pages (`mrtr_keys.audit.writing.stores.hours`); on a schema 5 store that is all it does. Refuses a store with
 nothing left to do.
 """
 
@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from mrtr_keys.audit.events import plural
-from mrtr_keys.audit.stores.base import SCHEMA_VERSION
+from mrtr_keys.audit.writing.stores.base import SCHEMA_VERSION
 from mrtr_keys.cli.audit_cmd import AuditOpt, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError

@@ -52,7 +52,7 @@ def _state_and_format(row: dict[str, Any]) -> str:
 
 def _usage(store: Any, ring: Any) -> Any:
     """The ring's fleet-wide seal counts from its presence store (`mrtr_keys.fleet.usage.read_usage`)."""
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.fleet.usage import read_usage
 
@@ -234,7 +234,7 @@ def _last_old_seal(store: Any) -> Any:
     ring = store.load()
     if ring.ttl_lowering is None:
         return None
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
 
     audit = existing_store(store, audit=root_audit())

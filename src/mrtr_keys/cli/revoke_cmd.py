@@ -62,7 +62,7 @@ def revoke(
 ) -> None:
     """Revoke a key now, on every instance (no gates): its tokens are refused ('revoked kid'), a revoked
     primary is replaced at once, its material leaves the ring. Final. Prints the rounds it breaks first."""
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.backends import backend_for
     from mrtr_keys.changes.apply import apply_change
     from mrtr_keys.changes.lifecycle import parse_duration

@@ -2,7 +2,7 @@
 
 Every instance counts its seals, unseals and rejections per kid in memory (`mrtr_keys.codecs.usage`; one C
 call a token). Its `UsageReporter`, a background thread beside the presence heartbeat, writes them to the
-presence store's ``key_usage`` table (`mrtr_keys.audit.stores.key_usage`), one row a kid and process. For a kid
+presence store's ``key_usage`` table (`mrtr_keys.audit.writing.stores.key_usage`), one row a kid and process. For a kid
 the instance seals with (the primary, and the key a rotation has begun), the row's ``seals`` is a
 **reservation**: the seals counted plus a block reserved ahead, written before the block is used (the reporter
 is woken when half of it is gone, `KidTally.mark`, and reserves the next). So a process killed with SIGKILL
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
+from mrtr_keys.audit.writing.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
 from mrtr_keys.codecs.usage import NEVER, KidTally, enabled, over_budget, usage_for
 from mrtr_keys.errors import AuditError
 from mrtr_keys.ring.budgets import WARN_AT, block_of, budget_of
 from mrtr_keys.ring.model import KeyRing, KeyState
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.audit.writing.stores.base import AuditStore
 
 log = logging.getLogger("mrtr_keys.usage")
 
