@@ -20,17 +20,19 @@ unexport PYTHONDONTWRITEBYTECODE
 # .venv holds exactly what uv.lock says (every extra and dependency group, each artifact checked against its sha256):
 # the locked uv is bootstrapped with pip from requirements/uv.txt (hashed), then `uv sync --frozen` installs the
 # rest without resolving anything, and builds the project with the locked setuptools (no build isolation, so the
-# build backend is locked too). Where uv cannot be had (an offline mirror without it), pip installs the same pins
-# and hashes from requirements/all.txt. `make lock` refreshes the lock and the files made from it (tools/lock.py);
-# `make lint` fails while pyproject.toml and uv.lock disagree.
+# build backend is locked too). Where uv cannot be had (an offline mirror without it, a platform without its
+# wheel), pip installs the same pins and hashes from requirements/all.txt less uv itself (`tools/lock.py fallback`;
+# such a .venv has no uv, so `make lint`'s lock check and `make sbom` say they need it). `make lock` refreshes
+# the lock and the files made from it (tools/lock.py); `make lint` fails while pyproject.toml and uv.lock disagree.
 UV_SYNC = UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv sync --quiet --frozen --all-extras --all-groups --python $(BIN)/python
 $(STAMP): pyproject.toml uv.lock requirements/all.txt requirements/uv.txt
 	$(PYTHON) -m venv $(VENV)
-	if $(BIN)/pip install --quiet --require-hashes --no-deps -r requirements/uv.txt 2>/dev/null; then \
+	if $(BIN)/pip install --quiet --require-hashes --no-deps -r requirements/uv.txt > $(VENV)/uv-install.log 2>&1; then \
 		$(UV_SYNC) --no-install-project && $(UV_SYNC) --no-build-isolation --compile-bytecode; \
 	else \
-		echo "uv could not be installed: pip installs requirements/all.txt (the same pins and hashes)"; \
-		$(BIN)/pip install --quiet --require-hashes -r requirements/all.txt \
+		echo "uv could not be installed ($(VENV)/uv-install.log): pip installs requirements/all.txt without uv"; \
+		$(BIN)/python tools/lock.py fallback > $(VENV)/requirements-pip.txt \
+			&& $(BIN)/pip install --quiet --require-hashes -r $(VENV)/requirements-pip.txt \
 			&& $(BIN)/pip install --quiet --no-deps --no-build-isolation -e .; \
 	fi
 	touch $(STAMP)

@@ -40,7 +40,7 @@ def _sink(codec: Any) -> Any:
 
 def run(services: Services, settings: Settings) -> list[Row]:
     name = "local seal+unseal, audit on"
-    if not module_available("mrtr_keys.audit.observer"):
+    if not module_available("mrtr_keys.audit.capture.observer"):
         return [Row.missing(PART, name, "n/a (not built): mrtr_keys.audit", target=TARGET)]
     from mrtr_keys import request_state_security
     from mrtr_keys.changes.create import create_ring

@@ -1,10 +1,10 @@
 """Fill an audit store with genuine events fast: the writer process's own row builder and chain.
 
 Items are what a sidecar queues (seal and unseal of real tokens, a rejected unseal now and then),
-turned into rows by `mrtr_keys.audit.items.item_rows` (fingerprints by the real HMAC), linked by
-`mrtr_keys.audit.chain.ChainWriter.link_rows` and stored with the store's own `append_rows`, in
+turned into rows by `mrtr_keys.audit.capture.items.item_rows` (fingerprints by the real HMAC), linked by
+`mrtr_keys.audit.writing.chain.ChainWriter.link_rows` and stored with the store's own `append_rows`, in
 transactions of 2 000 events (the writer's `MAX_TX_EVENTS`), on `chains` chains taking turns, with
-keyed links (`mrtr_keys.audit.chain_key`) and the store's switch to them recorded, as a writer does.
+keyed links (`mrtr_keys.audit.writing.chain_key`) and the store's switch to them recorded, as a writer does.
 Only the codec's sealing is skipped (a few dozen real tokens are reused), which is not part of
 what is stored. About 150,000 events/s into SQLite on a 2-core machine.
 """
@@ -51,12 +51,12 @@ def fill(
     transactions of `tx` events on `chains` new chains named after `host`. Fingerprints and links
     use `audit_key` (default: the file ``MRTR_KEYS_AUDIT_KEY_FILE`` names, else a random key); links
     are keyed unless `keyed` is False (a store as the release before keyed links wrote it)."""
-    from mrtr_keys.audit import switch
-    from mrtr_keys.audit.chain import ChainWriter
-    from mrtr_keys.audit.chain_key import ChainKey
-    from mrtr_keys.audit.fingerprint import Fingerprinter, load_shared_audit_key, shared_key_file
-    from mrtr_keys.audit.items import item_rows
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.capture.items import item_rows
+    from mrtr_keys.audit.writing import switch
+    from mrtr_keys.audit.writing.chain import ChainWriter
+    from mrtr_keys.audit.writing.chain_key import ChainKey
+    from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_shared_audit_key, shared_key_file
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     toks = tokens()
     begin = time.time() - span if start is None else start

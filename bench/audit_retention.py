@@ -177,7 +177,7 @@ def run(services: Services, settings: Settings) -> list[Row]:
     home.mkdir()
     pristine, db, cps = home / "filled.db", home / "audit.db", home / "checkpoints.jsonl"
     secret = _ring(home)
-    from mrtr_keys.audit.fingerprint import load_audit_key
+    from mrtr_keys.audit.writing.fingerprint import load_audit_key
 
     fill(f"sqlite://{pristine}", n, audit_key=load_audit_key(home))  # the sidecar's own key (beside its ring)
     label = f"{n:,} events over 40 days"

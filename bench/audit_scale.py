@@ -21,7 +21,7 @@ process (wall time; peak RSS from ``wait4``):
   --limit 20`` and ``--kid`` of a rare kid (CLI child, start-up included), and ``--token`` (the
   fingerprint lookup, in process: the bench's audit key is not beside a ring), and ``audit stats``
   over the whole log and over a window starting inside an hour (in process: the hourly totals and
-  the edge hour's scan, `mrtr_keys.audit.stores.hours`). Target: within 2x for 5x the events.
+  the edge hour's scan, `mrtr_keys.audit.writing.stores.hours`). Target: within 2x for 5x the events.
 
 Then `bench.audit_retention`: a running sidecar's own retention (``serve --audit-retention``)
 prunes a quarter of a 200,000-event log while a client measures seal+unseal p99 (target <= 2x the
@@ -78,7 +78,7 @@ def _cli(*args: str, codes: tuple[int, ...] = (0, 1)) -> tuple[dict[str, object]
 
 def _bare_read(url: str) -> float:
     """Rows per second of reading every row in pages, nothing else (the anchor)."""
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     store = open_store(url)
     started = time.perf_counter()
@@ -97,8 +97,8 @@ def _timed(fn: object) -> float:
 def _lookups(url: str) -> dict[str, float]:
     """Seconds of each lookup (best of 3, warm) on the store at `url`."""
     from mrtr_keys.audit.events import format_ts
-    from mrtr_keys.audit.stores.base import Query
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.base import Query
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     store = open_store(url)
     try:

@@ -28,7 +28,7 @@ TX = 2_000
 
 
 def _items(n: int, directory: Path) -> list[Any]:
-    from mrtr_keys.audit.items import AuditItem
+    from mrtr_keys.audit.capture.items import AuditItem
     from mrtr_keys.changes.create import create_ring
     from mrtr_keys.codecs.local import LocalAESGCMCodec
     from mrtr_keys.keystores.file import FileKeystore
@@ -47,9 +47,9 @@ def _items(n: int, directory: Path) -> list[Any]:
 
 
 def _writer_rate(url: str, items: list[Any]) -> float:
-    from mrtr_keys.audit.fingerprint import Fingerprinter
-    from mrtr_keys.audit.sink import AuditSink
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.capture.sink import AuditSink
+    from mrtr_keys.audit.writing.fingerprint import Fingerprinter
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     sink = AuditSink(
         open_store(url),
@@ -75,8 +75,8 @@ def _writer_rate(url: str, items: list[Any]) -> float:
 
 
 def _rows(items: list[Any]) -> list[tuple[object, ...]]:
-    from mrtr_keys.audit.fingerprint import Fingerprinter
-    from mrtr_keys.audit.items import item_rows
+    from mrtr_keys.audit.capture.items import item_rows
+    from mrtr_keys.audit.writing.fingerprint import Fingerprinter
 
     return item_rows(items, "host:1:20260101T000000.000000Z", Fingerprinter(os.urandom(32)), {}, "w", 1)
 
@@ -84,10 +84,10 @@ def _rows(items: list[Any]) -> list[tuple[object, ...]]:
 def _as_stored(url: str, rows: list[tuple[object, ...]]) -> tuple[list[str], list[tuple[object, ...]]]:
     """A new store at `url` (the same schema, indexes and pragmas as the writer's) and `rows` as its
     ``append_rows`` would store them (the narrow values of schema 5, names made): (columns, rows)."""
-    from mrtr_keys.audit.stores import pg_layout
-    from mrtr_keys.audit.stores.base import SQL_COLUMNS
-    from mrtr_keys.audit.stores.postgres import _v5_values
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores import pg_layout
+    from mrtr_keys.audit.writing.stores.base import SQL_COLUMNS
+    from mrtr_keys.audit.writing.stores.postgres import _v5_values
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     store: Any = open_store(url)
     try:

@@ -109,7 +109,7 @@ def workers(ring: Path, names: set[str], counters: list[dict[str, Any]], *args: 
 
 
 def run(services: Services, settings: Settings) -> list[Row]:
-    from mrtr_keys.audit.stores.url import default_url, open_store
+    from mrtr_keys.audit.writing.stores.url import default_url, open_store
     from mrtr_keys.changes.create import create_ring
     from mrtr_keys.changes.rotation import run_step
     from mrtr_keys.keystores.file import FileKeystore

@@ -35,8 +35,8 @@ HOLD = 5.0
 
 def run(services: Services, settings: Settings) -> list[Row]:
     from bench.fleet import _percentile, _wait_all, workers
-    from mrtr_keys.audit.stores.base import Query
-    from mrtr_keys.audit.stores.url import default_url, open_store
+    from mrtr_keys.audit.writing.stores.base import Query
+    from mrtr_keys.audit.writing.stores.url import default_url, open_store
     from mrtr_keys.backends import backend_for
     from mrtr_keys.changes.apply import ChangeResult, apply_change
     from mrtr_keys.changes.create import create_ring

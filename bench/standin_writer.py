@@ -4,7 +4,7 @@ With the audit log on, a sidecar worker pays twice on a small machine: its own s
 and shipping each event, in its process) and the writer process's work (fingerprint, chain,
 store), which runs on another core, but on the same machine as the sidecar and the load
 generator. `StandIn` runs only the second part: a real writer process
-(`mrtr_keys.audit.writer.child_writer.ChildWriter`, the sidecar's own) fed ready-made frames of seal
+(`mrtr_keys.audit.writing.writer.child_writer.ChildWriter`, the sidecar's own) fed ready-made frames of seal
 events by a thread of the benchmark process at a fixed rate (events/s), into a fresh SQLite
 store. The audit-off sidecar measured beside it shows what the writer's presence alone costs;
 the audit-on sidecar against that shows the sidecar's own share.
@@ -28,13 +28,13 @@ from typing import Any
 FRAME = 500
 """Events per frame sent to the writer (the sidecar ships 512 at a time under load)."""
 TIME = 5
-"""The time column of a frame (`mrtr_keys.audit.items.AuditItem` field order)."""
+"""The time column of a frame (`mrtr_keys.audit.capture.items.AuditItem` field order)."""
 
 
 def seal_items(n: int, directory: Path) -> list[Any]:
     """`n` seal events (distinct real tokens of the benchmark's payload, as the sidecar queues them)."""
     from bench.common import envelope_payload
-    from mrtr_keys.audit.items import new_item
+    from mrtr_keys.audit.capture.items import new_item
     from mrtr_keys.changes.create import create_ring
     from mrtr_keys.codecs.local import LocalAESGCMCodec
     from mrtr_keys.keystores.file import FileKeystore
@@ -54,8 +54,8 @@ class StandIn:
     """A writer process fed `rate` events/s from `items` (cycled; frames of `FRAME`) until `stop()`."""
 
     def __init__(self, directory: Path, items: list[Any], rate: float) -> None:
-        from mrtr_keys.audit.items import to_columns
-        from mrtr_keys.audit.writer.child_writer import ChildWriter
+        from mrtr_keys.audit.capture.items import to_columns
+        from mrtr_keys.audit.writing.writer.child_writer import ChildWriter
 
         self.frames = [to_columns(items[i : i + FRAME]) for i in range(0, len(items) - FRAME + 1, FRAME)]
         self.rate = rate

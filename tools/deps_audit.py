@@ -15,7 +15,9 @@ must not turn red because a registry is down, so a run that scanned says so with
 
 ``python tools/deps_audit.py [--requirements FILE] [--npm-dir DIR] [--ignore FILE] [--osv-url URL]
 [--npm-registry URL] [--timeout SECONDS] [--deadline SECONDS] [--today YYYY-MM-DD]``: exit 0 clean (or not
-scanned), 1 a finding, an expired exception or a tool's failure, 2 a bad exception file.
+scanned), 1 a finding, an expired exception or a tool's failure, 2 a bad exception file or command line (a URL
+that is not http(s), a time that is not positive, a file or directory that is not there: a typo must not pass as
+"not scanned").
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 OSV_URL = "https://api.osv.dev/v1/query"
@@ -243,17 +247,57 @@ def judge(report: Report, exceptions: list[Exception_], today: dt.date) -> int:
     return 1 if open_ or expired else 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line and exit 2 (argparse prints its usage first)."""
+        self.exit(2, f"deps-audit: {message}\n")
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
+    return text
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+    return parse
+
+
+def _existing(kind: str) -> Callable[[str], Path]:
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if not (path.is_dir() if kind == "directory" else path.is_file()):
+            raise argparse.ArgumentTypeError(f"{text} is not a {kind}")
+        return path
+
+    return parse
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="deps-audit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requirements", type=Path, default=REPO / "requirements" / "all.txt")
-    parser.add_argument("--npm-dir", type=Path, default=REPO / "clients" / "typescript")
+    parser = _Parser(prog="deps-audit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requirements", type=_existing("file"), default=REPO / "requirements" / "all.txt")
+    parser.add_argument("--npm-dir", type=_existing("directory"), default=REPO / "clients" / "typescript")
     parser.add_argument("--ignore", type=Path, default=REPO / "osv-scanner.toml")
-    parser.add_argument("--osv-url", default=OSV_URL)
-    parser.add_argument("--npm-registry", default=None)
-    parser.add_argument("--timeout", type=int, default=15, help="seconds each service has to answer a request")
-    parser.add_argument("--deadline", type=float, default=300, help="seconds each audit (all its requests) may take")
+    parser.add_argument("--osv-url", type=_url, default=OSV_URL)
+    parser.add_argument("--npm-registry", type=_url, default=None)
+    parser.add_argument(
+        "--timeout", type=_positive(int), default=15, help="seconds each service has to answer a request"
+    )
+    parser.add_argument(
+        "--deadline", type=_positive(float), default=300, help="seconds each audit (all its requests) may take"
+    )
     parser.add_argument("--today", type=dt.date.fromisoformat, default=dt.datetime.now(dt.UTC).date())
     args = parser.parse_args(argv)
+    if not (args.npm_dir / "package-lock.json").is_file():
+        parser.error(f"argument --npm-dir: {args.npm_dir} has no package-lock.json")
     try:
         exceptions = read_exceptions(args.ignore)
     except BadExceptions as exc:

@@ -16,6 +16,9 @@ check that its SBOM and requirements come from this lock).
 to the newest release pyproject.toml allows), then the exports and the digest.
 ``python tools/lock.py check`` (``make lint``): exit 1 with one line naming what disagrees (pyproject.toml and
 uv.lock, an export and the lock, the Dockerfile's digest and the lock) and telling to run ``make lock``.
+``python tools/lock.py fallback`` (the Makefile, where uv cannot be installed): prints ``requirements/all.txt``
+without uv itself (group ``uv``), which is what pip installs then: the same pins and hashes, less the one
+package that could not be had (with it, pip would fail on it exactly as the bootstrap did).
 Both run the ``uv`` beside the interpreter (the locked one in ``.venv``); ``check`` reads nothing from the
 network (``uv lock --check --offline``).
 """
@@ -44,6 +47,10 @@ DIGEST_ARG = re.compile(r"^ARG UV_LOCK_SHA256=(?P<digest>\S*)$", re.M)
 
 class Disagrees(Exception):
     """A generated file does not match the lock, or the lock does not match pyproject.toml."""
+
+
+class CannotCheck(Exception):
+    """There is no uv to check the lock with (`make lock` would not help)."""
 
 
 def lock_digest() -> str:
@@ -83,10 +90,32 @@ def write(lock_args: list[str]) -> None:
     print(f"uv.lock sha256 {lock_digest()}; wrote {', '.join(EXPORTS)} and the Dockerfile's UV_LOCK_SHA256")
 
 
+def fallback(text: str, leave_out: str) -> str:
+    """`text` (an export) without the requirements that `leave_out` (another export) names, each with the lines
+    of hashes that follow it."""
+    names = {_name(line) for line in leave_out.splitlines() if line and line[0] not in " #"}
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines(keepends=True):
+        if line and line[0] not in " #\n":
+            skipping = _name(line) in names
+        elif not line.startswith(" "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "".join(kept)
+
+
+def _name(requirement: str) -> str:
+    """The normalised project name a requirement line starts with (PEP 503)."""
+    m = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    return re.sub(r"[-_.]+", "-", m.group(0)).lower() if m else requirement
+
+
 def check() -> None:
     """Raise Disagrees (one line) unless pyproject.toml, uv.lock, the exports and the Dockerfile agree."""
     if not UV.exists():
-        raise Disagrees(f"{UV} is missing (a pip-only .venv): cannot check uv.lock")
+        raise CannotCheck(f"{UV} is missing (a .venv pip's fallback made): cannot check uv.lock")
     done = _uv("lock", "--check", "--offline")
     if done.returncode != 0:
         raise Disagrees("pyproject.toml and uv.lock disagree")
@@ -106,11 +135,18 @@ def main(argv: list[str]) -> int:
     if argv == ["check"]:
         try:
             check()
+        except CannotCheck as exc:
+            print(f"lock: {exc}", file=sys.stderr)
+            return 1
         except Disagrees as exc:
             print(f"lock: {exc}: run 'make lock' and commit what it changes", file=sys.stderr)
             return 1
         return 0
-    print("usage: python tools/lock.py write [uv lock options] | check", file=sys.stderr)
+    if argv == ["fallback"]:
+        requirements = REPO / "requirements"
+        sys.stdout.write(fallback((requirements / "all.txt").read_text(), (requirements / "uv.txt").read_text()))
+        return 0
+    print("usage: python tools/lock.py write [uv lock options] | check | fallback", file=sys.stderr)
     return 2
 
 

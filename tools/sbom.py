@@ -39,7 +39,10 @@ class Failed(Exception):
 
 
 def _run(argv: list[str], cwd: Path) -> Any:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    except OSError as exc:  # no uv beside the interpreter (a .venv pip's fallback made), no npm
+        raise Failed(f"{argv[0]} cannot be run: {exc.strerror}") from None
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()] or ["(no output)"]
         raise Failed(f"{' '.join(argv[:2])} failed: {lines[-1].strip()}")

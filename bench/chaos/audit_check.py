@@ -58,8 +58,8 @@ class AuditIndex:
 def load_index(pg_url: str) -> AuditIndex:
     """Every seal and unseal event of the store at `pg_url`, by fingerprint."""
     from mrtr_keys.audit.events import parse_event_time
-    from mrtr_keys.audit.stores.base import Query
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.base import Query
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     index = AuditIndex()
     store = open_store(pg_url)
@@ -207,6 +207,6 @@ def last_dropped(samples: Iterable[Any]) -> dict[int, int]:
 
 
 def fingerprinter(state: Path) -> Callable[[str], str]:
-    from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
+    from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
 
     return Fingerprinter(load_audit_key(state, create=False)).fingerprint

@@ -232,12 +232,12 @@ def children(pid: int) -> list[int]:
 
 
 def writer_pid(member: Member) -> int | None:
-    """The pid of `member`'s audit writer process (``mrtr_keys.audit.writer.child``), or None."""
+    """The pid of `member`'s audit writer process (``mrtr_keys.audit.writing.writer.child``), or None."""
     if member.pid is None or member.killed:
         return None
     for child in children(member.pid):
         with contextlib.suppress(OSError):
-            if b"mrtr_keys.audit.writer" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"mrtr_keys.audit.writing.writer" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return child
     return None
 

@@ -331,7 +331,7 @@ def _ring_reader(r: Run) -> Any:
 
 
 def _presence_reader(pg_url: str) -> Any:
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.url import open_store
     from mrtr_keys.fleet.presence import read_instances
 
     store = open_store(pg_url)

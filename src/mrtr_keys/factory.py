@@ -343,14 +343,14 @@ def request_state_security(
         options, keywords_of(request_state_security, open_codec) | ALL_BACKEND_OPTIONS, "request_state_security()"
     )
     if "observer" not in options and audit is not False:
-        from mrtr_keys.audit.observer import observer_for
+        from mrtr_keys.audit.capture.observer import observer_for
 
         store = as_keystore(keystore)
         options["observer"] = observer_for(store.directory, audience=audience, audit=audit)
         keystore = store
         sink = getattr(options["observer"], "sink", None)
         if sink is not None and audit_anchor is not False:
-            from mrtr_keys.audit.anchor import anchor_sink, configured
+            from mrtr_keys.audit.verifying.anchor import anchor_sink, configured
 
             dest, every = configured(audit_anchor, audit_anchor_every)
             if dest is not None:

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-import mrtr_keys.audit.observer
-import mrtr_keys.audit.stores.sqlite  # noqa: F401 - imported once here, not in each forked process
+import mrtr_keys.audit.capture.observer
+import mrtr_keys.audit.writing.stores.sqlite  # noqa: F401 - imported once here, not in each forked process
 from mrtr_keys import request_state_security
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.keystores.file import FileKeystore

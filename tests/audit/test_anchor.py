@@ -1,5 +1,5 @@
-"""Anchors (`mrtr_keys.audit.anchor`, docs/audit.md "Anchors"): the heads of a process's chains, MACed with the
-chain key and written where the store's writers cannot reach, catch what a chain alone cannot show.
+"""Anchors (`mrtr_keys.audit.verifying.anchor`, docs/audit.md "Anchors"): the heads of a process's chains, MACed with
+the chain key and written where the store's writers cannot reach, catch what a chain alone cannot show.
 
 * whole batches cut off the newest end of a chain: the chain verifies, the anchor does not;
 * an anchor record forged or edited without the key is not trusted (a break, its heads unused);
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.anchor import Anchorer
-from mrtr_keys.audit.fingerprint import Fingerprinter
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.verifying.anchor import Anchorer
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import cli, known_events, sqlite_exec
 
 pytestmark = pytest.mark.usefixtures("audit_key")  # writers and the CLI share the fleet's key
@@ -66,7 +66,7 @@ def test_an_anchor_catches_whole_batches_cut_off_the_end_that_the_chain_alone_ca
 def test_an_anchor_forged_or_edited_without_the_key_is_a_break_and_its_heads_are_not_used(
     tmp_path: Path, audit_key: bytes, forgery: str
 ) -> None:
-    from mrtr_keys.audit.chain_key import ChainKey
+    from mrtr_keys.audit.writing.chain_key import ChainKey
 
     url, anchors = f"sqlite://{tmp_path}/audit.db", tmp_path / "anchors.jsonl"
     sink = _sink(url, audit_key)
@@ -115,7 +115,7 @@ def test_a_destination_that_cannot_be_written_is_a_warning_and_a_count_and_the_n
     sink.write_now(known_events(2))
     place.write_text("a file where the directory should be")
     anchor = Anchorer(sink, f"{place}/", every=60)
-    with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit.anchor"):
+    with caplog.at_level(logging.WARNING, logger="mrtr_keys.audit.verifying.anchor"):
         assert not anchor.run_once() and not anchor.run_once()
     status = anchor.status()
     assert (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from mrtr_keys.audit.capture.sink import AuditSink
 from mrtr_keys.audit.events import FIELDS
-from mrtr_keys.audit.sink import AuditSink
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from tests.fixtures.audit import cli, insert, known_events
 from tests.fixtures.common import run_cli
@@ -106,7 +106,7 @@ def test_verify_exit_codes_and_checkpoint(filled: Path, tmp_path: Path) -> None:
 
 
 def test_fingerprint_and_token_query(keystore_path: Path) -> None:
-    from mrtr_keys.audit.observer import observer_for
+    from mrtr_keys.audit.capture.observer import observer_for
 
     obs = observer_for(keystore_path.parent, audience="svc")
     assert obs is not None
@@ -137,7 +137,7 @@ def test_fingerprint_of_a_token_respelled_in_standard_base64_is_the_canonical_to
     # event; it now gives the fingerprint of the token it spells, and --token finds that token's events.
     import base64
 
-    from mrtr_keys.audit.observer import observer_for
+    from mrtr_keys.audit.capture.observer import observer_for
 
     obs = observer_for(keystore_path.parent, audience="svc")
     assert obs is not None

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mrtr_keys.audit.fingerprint import AUDIT_KEY_FILE, ENV_AUDIT_KEY_FILE, Fingerprinter, load_audit_key
+from mrtr_keys.audit.writing.fingerprint import AUDIT_KEY_FILE, ENV_AUDIT_KEY_FILE, Fingerprinter, load_audit_key
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.token import decoded_bytes

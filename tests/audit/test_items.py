@@ -8,9 +8,9 @@ import random
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from mrtr_keys.audit.capture.items import AuditItem, item_rows, round_ms
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.fingerprint import Fingerprinter
-from mrtr_keys.audit.items import AuditItem, item_rows, round_ms
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter
 
 TIME, DURATION = 0, 10  # positions in a store row (`mrtr_keys.audit.events.FIELDS` order)
 
@@ -92,7 +92,7 @@ def test_round_ms_matches_round_on_values_next_to_ties() -> None:
 def test_long_accepted_tokens_get_their_fingerprint_but_no_place_in_the_cache() -> None:
     """The writer's fingerprint cache (a seal and its unseal in one batch share one HMAC) holds only
     tokens up to CACHE_TOKEN_CHARS, so its memory stays small whatever the tokens' size."""
-    from mrtr_keys.audit.items import CACHE_TOKEN_CHARS
+    from mrtr_keys.audit.capture.items import CACHE_TOKEN_CHARS
 
     fp = Fingerprinter(b"k" * 32)
     short, long = "mk1." + "A" * 400, "mk1." + "A" * (4 * CACHE_TOKEN_CHARS)

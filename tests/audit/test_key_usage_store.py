@@ -1,4 +1,4 @@
-"""The presence store's ``key_usage`` table on every store kind (`mrtr_keys.audit.stores.key_usage`): whole rows
+"""The presence store's ``key_usage`` table on every store kind (`mrtr_keys.audit.writing.stores.key_usage`): whole rows
 replaced by their own source, read back per ring, and settled into one row per kid without counting a row twice
 when two processes settle at once."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit.stores.key_usage import SETTLED, UsageRow, totals
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.key_usage import SETTLED, UsageRow, totals
+from mrtr_keys.audit.writing.stores.url import open_store
 
 T9, T10, T11 = (f"2026-12-06T{h}:00:00.000000Z" for h in ("09", "10", "11"))
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit import switch
-from mrtr_keys.audit.chain import GENESIS, batch_hash, event_values
-from mrtr_keys.audit.fingerprint import Fingerprinter
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing import switch
+from mrtr_keys.audit.writing.chain import GENESIS, batch_hash, event_values
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.errors import ConfigError
 from tests.fixtures.audit import cli, known_events, pg_exec, sqlite_exec
 
@@ -36,7 +36,7 @@ ALL_TABLES = "audit_events, schema_version, instances, audit_hours, audit_hours_
 def _write(url: str, key: bytes, *, fleet: bool = True) -> None:
     """Three batches of two `known_events` (seq 1-2, 3-4, 5-6; seq 3 and 6 rejected), by
     the product's writer under audit key `key`."""
-    from mrtr_keys.audit.chain_key import ChainKey
+    from mrtr_keys.audit.writing.chain_key import ChainKey
 
     sink = AuditSink(open_store(url), Fingerprinter(key), mode="thread", chain_key=ChainKey(key, fleet=fleet))
     events = known_events(6)

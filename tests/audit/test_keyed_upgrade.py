@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit import switch
-from mrtr_keys.audit.chain import batch_hash, event_values
-from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing import switch
+from mrtr_keys.audit.writing.chain import batch_hash, event_values
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import cli, known_events, sqlite_exec
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "audit_v4"

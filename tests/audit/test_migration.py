@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit.chain import ChainWriter
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_COLUMNS, record_row
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing.chain import ChainWriter
+from mrtr_keys.audit.writing.stores.base import AUTO_SCHEMA, SCHEMA_VERSION, SQL_COLUMNS, record_row
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import cli, insert, known_events
 
 pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key

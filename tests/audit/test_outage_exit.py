@@ -65,7 +65,7 @@ def test_verify_beside_a_running_prune_is_a_retry_not_a_broken_chain(tmp_path: P
     cut (``inserted``) or a gap (``deleted``). While the prune holds its lock, or once it has
     recorded a cut verify had not read, that is exit 75 (run again), not exit 1 (tampering); a
     prune that was really interrupted (the lock free) is still exit 1, as documented."""
-    from mrtr_keys.audit.prune import pruner_lock
+    from mrtr_keys.audit.retention.prune import pruner_lock
 
     (tmp_path / "copy").mkdir()
     url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"

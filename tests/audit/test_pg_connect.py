@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mrtr_keys.audit.stores.postgres import PostgresStore
+from mrtr_keys.audit.writing.stores.postgres import PostgresStore
 from mrtr_keys.errors import AuditUnavailable
 from tests.support.net import closed_by_peer, silent_server
 

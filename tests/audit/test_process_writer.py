@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.chain import Record
-from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-from mrtr_keys.audit.observer import AuditObserver
-from mrtr_keys.audit.sink import AuditSink, Mode
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.observer import AuditObserver
+from mrtr_keys.audit.capture.sink import AuditSink, Mode
+from mrtr_keys.audit.writing.chain import Record
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from tests.fixtures.audit import verified
 from tests.support.proxy import CountingProxy
@@ -119,9 +119,9 @@ def test_sigterm_to_the_process_group_leaves_the_writer_to_the_parent(
 _PARENT = textwrap.dedent(
     """
     import os, sys
-    from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-    from mrtr_keys.audit.sink import AuditSink
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
+    from mrtr_keys.audit.capture.sink import AuditSink
+    from mrtr_keys.audit.writing.stores.url import open_store
     url, keydir, how = sys.argv[1:4]
     sink = AuditSink(open_store(url), Fingerprinter(load_audit_key(keydir)), mode="process")
     for i in range(1000):
@@ -145,7 +145,7 @@ def _run_parent(tmp_path: Path, how: str) -> tuple[int, int]:
     )
     child = int(res.stdout.split()[0])
     assert _gone(child), "the audit writer process outlived its parent"
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     store = open_store(url)
     try:

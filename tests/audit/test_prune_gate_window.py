@@ -56,7 +56,7 @@ def test_a_second_prune_or_archive_of_one_checkpoint_file_waits_its_turn(
     """Two overlapping runs recorded their cuts and manifests out of order (the older archive's reference
     last) and left the archive unverifiable: a run holds ``CHECKPOINTS.lock``, as the sidecar's retention
     does, and another run exits 75 (retry later) and changes nothing."""
-    from mrtr_keys.audit.prune import pruner_lock
+    from mrtr_keys.audit.retention.prune import pruner_lock
 
     cps = tmp_path / "cps.jsonl"
     args = (

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from bench.audit_log import fill
 
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.narrow import fingerprint_clause
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.narrow import fingerprint_clause
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import cli
 
 pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key
@@ -61,7 +61,7 @@ def test_query_streams_a_long_result_and_kid_and_token_use_an_index(tmp_path: Pa
 def test_checkpoint_reads_only_what_was_added_since_the_last_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mrtr_keys.audit import checkpoint_since
+    from mrtr_keys.audit.verifying import checkpoint_since
 
     monkeypatch.setattr(checkpoint_since, "OVERLAP", 0)  # the re-read margin, here none: exact counts
     url, cps = f"sqlite://{tmp_path}/audit.db", tmp_path / "cp.jsonl"
@@ -81,8 +81,8 @@ def test_checkpoint_reads_only_what_was_added_since_the_last_one(
 def test_narrow_sqlite_rows_read_back_exactly_what_was_written(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from mrtr_keys.audit.chain import ChainWriter
-    from mrtr_keys.audit.stores.base import record_row
+    from mrtr_keys.audit.writing.chain import ChainWriter
+    from mrtr_keys.audit.writing.stores.base import record_row
     from tests.fixtures.audit import known_events
 
     url = f"sqlite://{tmp_path}/audit.db"
@@ -115,8 +115,8 @@ def test_narrow_sqlite_rows_read_back_exactly_what_was_written(tmp_path: Path) -
 
 
 def test_a_writer_open_across_audit_migrate_keeps_writing_and_counting(tmp_path: Path) -> None:
-    from mrtr_keys.audit.chain import ChainWriter
-    from mrtr_keys.audit.stores.base import SQL_MIGRATIONS, record_row, stored_prefix
+    from mrtr_keys.audit.writing.chain import ChainWriter
+    from mrtr_keys.audit.writing.stores.base import SQL_MIGRATIONS, record_row, stored_prefix
     from tests.fixtures.audit import known_events
 
     path = tmp_path / "audit.db"
@@ -151,8 +151,8 @@ def test_a_writer_open_across_audit_migrate_keeps_writing_and_counting(tmp_path:
 def test_a_schema_4_store_migrates_to_5_by_replacing_one_index_and_reads_the_same(tmp_path: Path) -> None:
     """Issue 41: schema 5 keeps schema 4's narrow rows; ``audit migrate`` swaps the random-key fingerprint
     index for the bucketed one, and a writer open across it keeps writing."""
-    from mrtr_keys.audit.chain import ChainWriter
-    from mrtr_keys.audit.stores.base import record_row
+    from mrtr_keys.audit.writing.chain import ChainWriter
+    from mrtr_keys.audit.writing.stores.base import record_row
     from tests.fixtures.audit import known_events, sqlite_exec
 
     path = tmp_path / "audit.db"

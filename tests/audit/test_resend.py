@@ -17,11 +17,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from mrtr_keys.audit.chain import ChainWriter, event_values
-from mrtr_keys.audit.fingerprint import load_audit_key
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import Query, stored_prefix
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing.chain import ChainWriter, event_values
+from mrtr_keys.audit.writing.fingerprint import load_audit_key
+from mrtr_keys.audit.writing.stores.base import Query, stored_prefix
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.errors import AuditError
 from tests.fixtures.audit import cli, known_events, verified
 from tests.support.proxy import CountingProxy

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from bench.audit_log import fill
 
-from mrtr_keys.audit.chain_key import ChainKey
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.retention import Retention
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.retention.loop import Retention
+from mrtr_keys.audit.writing.chain_key import ChainKey
+from mrtr_keys.audit.writing.stores.url import open_store
 
 
 def test_a_run_past_its_deadline_deletes_nothing_and_the_next_one_prunes(tmp_path: Path) -> None:

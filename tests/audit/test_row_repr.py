@@ -8,10 +8,10 @@ import os
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mrtr_keys.audit.chain import ChainWriter, batch_hash
-from mrtr_keys.audit.fingerprint import Fingerprinter
-from mrtr_keys.audit.items import AuditItem, item_rows
-from mrtr_keys.audit.row_repr import ROW_FIELDS, rows_repr
+from mrtr_keys.audit.capture.items import AuditItem, item_rows
+from mrtr_keys.audit.writing.chain import ChainWriter, batch_hash
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter
+from mrtr_keys.audit.writing.row_repr import ROW_FIELDS, rows_repr
 
 _text = st.text(alphabet=st.characters(codec=None), max_size=12)  # quotes, backslashes, surrogates, controls
 _value = st.one_of(

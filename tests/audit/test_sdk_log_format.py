@@ -1,4 +1,4 @@
-"""The SDK's rejection log line, which `mrtr_keys.audit.sdk_capture` reads, pinned.
+"""The SDK's rejection log line, which `mrtr_keys.audit.capture.sdk_capture` reads, pinned.
 
 The capture depends on a private detail of the MCP SDK: ``_reject`` in mcp/server/request_state.py logs
 ``"requestState rejected on %s: %s"`` (method, reason) at WARNING on ``mcp.server.request_state``. mcp is
@@ -18,7 +18,7 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
-from mrtr_keys.audit.sdk_capture import SDK_LOGGER, SDK_MESSAGE, RejectionCapture
+from mrtr_keys.audit.capture.sdk_capture import SDK_LOGGER, SDK_MESSAGE, RejectionCapture
 from mrtr_keys.example.app import build_server
 from mrtr_keys.factory import request_state_security
 from tests.e2e.servers import first_round
@@ -55,7 +55,7 @@ def test_a_real_sdk_rejection_has_the_logged_shape_the_capture_reads(
     ]
     assert records[0].getMessage() == "requestState rejected on tools/call: request binding"
 
-    from mrtr_keys.audit.sink import live
+    from mrtr_keys.audit.capture.sink import live
 
     for sink in list(live):  # the writer is asynchronous: store what is queued before reading
         sink.flush()

@@ -1,7 +1,7 @@
-"""Process mode's shipping (`mrtr_keys.audit.shipper`): the submitting threads ship, events still
+"""Process mode's shipping (`mrtr_keys.audit.capture.shipper`): the submitting threads ship, events still
 arrive without a flush, a retraction finds its item, and a stopped writer never blocks a caller.
 
-Rules: our own decisions, stated in `mrtr_keys.audit.shipper` and `mrtr_keys.audit.queue`.
+Rules: our own decisions, stated in `mrtr_keys.audit.capture.shipper` and `mrtr_keys.audit.capture.queue`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.items import AuditItem, new_item
-from mrtr_keys.audit.shipper import MAX_WAIT, SHIP_AT
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import Query
+from mrtr_keys.audit.capture.items import AuditItem, new_item
+from mrtr_keys.audit.capture.shipper import MAX_WAIT, SHIP_AT
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing.stores.base import Query
 from tests.fixtures.audit import known_events, verified
 
 
@@ -128,7 +128,7 @@ def test_a_str_enum_audience_is_recorded_as_its_text_and_never_raises_into_seal(
     and its events must be stored with the plain text (found by a trial run)."""
     import enum
 
-    from mrtr_keys.audit.observer import AuditObserver
+    from mrtr_keys.audit.capture.observer import AuditObserver
     from mrtr_keys.codecs.local import LocalAESGCMCodec
 
     class Audience(enum.StrEnum):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.observer import AuditObserver
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.observer import AuditObserver
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from tests.support.proxy import CountingProxy
 from tests.support.waiting import until
@@ -63,8 +63,8 @@ def test_the_documented_queue_bounds_are_the_codes() -> None:
     # docs/audit.md said 100 000 events while the code held 50 000.
     import re
 
-    from mrtr_keys.audit.queue import DEFAULT_CAPACITY, DEFAULT_MAX_BYTES, DEFAULT_MAX_WAIT
-    from mrtr_keys.audit.writer.child import MAX_TX_EVENTS
+    from mrtr_keys.audit.capture.queue import DEFAULT_CAPACITY, DEFAULT_MAX_BYTES, DEFAULT_MAX_WAIT
+    from mrtr_keys.audit.writing.writer.child import MAX_TX_EVENTS
 
     doc = (Path(__file__).parents[2] / "docs" / "audit.md").read_text()
     m = re.search(r"The queue holds at most ([\d ]+) events and (\d+) MiB", doc)
@@ -81,8 +81,8 @@ def _spaced(n: int) -> str:
 
 
 def test_the_documented_shipping_figures_are_the_codes() -> None:
-    from mrtr_keys.audit.shipper import FRAME, KEEP, MAX_WAIT, SHIP_AT, SHIP_DELAY
-    from mrtr_keys.audit.writer.child import ACK_INTERVAL
+    from mrtr_keys.audit.capture.shipper import FRAME, KEEP, MAX_WAIT, SHIP_AT, SHIP_DELAY
+    from mrtr_keys.audit.writing.writer.child import ACK_INTERVAL
     from mrtr_keys.token import MAX_TOKEN_CHARS
 
     doc = " ".join((Path(__file__).parents[2] / "docs" / "audit.md").read_text().split())

@@ -18,8 +18,8 @@ import pytest
 from bench.audit_log import DAY, fill
 
 from mrtr_keys.audit.events import parse_when
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import cli, pg_exec, sqlite_exec
 
 pytestmark = pytest.mark.usefixtures("audit_key")  # the CLI verifies keyed links with the fleet's key

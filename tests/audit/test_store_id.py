@@ -1,6 +1,6 @@
 """Checkpoints follow the store, not the spelling of its URL: every SQL store carries a random store
 id (made with the store, kept in it), checkpoint records carry it, and `audit verify` / `prune` match
-them by it (`mrtr_keys.audit.store_match`). Records written before store ids still match by URL.
+them by it (`mrtr_keys.audit.verifying.store_match`). Records written before store ids still match by URL.
 
 Logs are genuine (`bench.audit_log.fill`), small: 1 200 events over 40 days in batches of 50, so a
 30-day prune cuts every chain.

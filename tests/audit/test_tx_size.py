@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mrtr_keys.audit.sink import SILENT_AFTER
-from mrtr_keys.audit.tx_size import GROW_SECONDS, MIN_EVENTS, SHRINK_SECONDS, TransactionSize
+from mrtr_keys.audit.capture.sink import SILENT_AFTER
+from mrtr_keys.audit.writing.tx_size import GROW_SECONDS, MIN_EVENTS, SHRINK_SECONDS, TransactionSize
 
 
 def test_failed_and_slow_writes_halve_the_next_transaction_and_quick_ones_double_it() -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mrtr_keys.audit.chain import make_checkpoint
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.url import open_store
-from mrtr_keys.audit.trust import verify_store
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.verifying.trust import verify_store
+from mrtr_keys.audit.writing.chain import make_checkpoint
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import insert, keys_of, known_events, pg_exec, sqlite_exec, verified
 
 TAMPER = {

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from bench.audit_log import fill
 
-from mrtr_keys.audit.stores.url import open_store
-from mrtr_keys.audit.trust import verify_store
-from mrtr_keys.audit.verify_stream import MAX_PENDING
+from mrtr_keys.audit.verifying.trust import verify_store
+from mrtr_keys.audit.verifying.verify_stream import MAX_PENDING
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.fixtures.audit import keys_of, sqlite_exec
 
 KEY = bytes(range(32))

@@ -28,6 +28,7 @@ EXPECTED_ROWS = [
     "KMS datakey seal+unseal",
     "Vault datakey seal+unseal",
     "base64url encode+decode only seal+unseal",
+    "local seal+unseal, 16 KiB payload",
     "KMS datakey remote calls while timing",
     "Vault datakey remote calls while timing",
 ]

@@ -61,6 +61,29 @@ def test_bad_seals_are_one_line(text: str) -> None:
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.timeout(20)
+def test_a_huge_power_is_refused_without_computing_it() -> None:
+    """``keys budget 3^100000000`` ran for minutes on one core (Python computed the power before the range
+    check); it is out of range at once, in one line like the others."""
+    with pytest.raises(ConfigError, match=r"SEALS must be from 1 to 9,007,199,254,740,991 \(got '3\^100000000'\)"):
+        parse_seals("3^100000000")
+    assert parse_seals("1^100000000") == 1
+
+
+def test_a_budget_above_the_format_limit_of_a_key_made_later_counts_as_that_limit(tmp_path: Path) -> None:
+    """The ring's budget covers the keys it makes later (above), whatever their format: 2^40 is a fine budget
+    for mk2 keys (limit 2^48), but an mk1 key begun under it (``--key-format mk1``) is held to mk1's 2^32."""
+    ring = tmp_path / "keyring.json"
+    assert run_cli("init", keystore=ring).code == 0
+    assert run_cli("keys", "budget", "2^40", keystore=ring).code == 0
+    begun = run_cli("rotate", "begin", "--key-format", "mk1", "--json", keystore=ring)
+    assert begun.code == 0, begun.err
+    info = run_cli("keys", "show", begun.json()["new"], "--json", keystore=ring).json()
+    assert (info["format"], info["budget"], info["budget_from"]) == ("mk1", 2**32, "format")
+    listed = run_cli("keys", "list", "--json", keystore=ring).json()
+    assert {k["format"]: k["budget"] for k in listed["keys"]} == {"mk2": 2**40, "mk1": 2**32}
+
+
 @pytest.mark.parametrize(("text", "value"), [("0.5", 0.5), ("50%", 0.5), ("1", 1.0)])
 def test_fractions(text: str, value: float) -> None:
     assert parse_fraction(text) == value

@@ -22,7 +22,7 @@ from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.errors import ConfigError, KeyRingError, UnknownKid
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.document import parse_ring
-from mrtr_keys.ring.model import KeyRing, KeyState
+from mrtr_keys.ring.model import KeyFormat, KeyRing, KeyState
 from tests.fixtures.keyrings import T0, fresh_ring, rotate_through
 
 AUD = "billing"
@@ -55,6 +55,19 @@ def test_revoking_the_primary_puts_a_new_primary_in_force_in_the_same_generation
     assert _refusal(after, token) == "revoked kid"
     codec = LocalAESGCMCodec.from_ring(after, audience=AUD)
     assert codec.unseal(codec.seal(b"next")) == b"next"
+
+
+@pytest.mark.parametrize("old_format", [KeyFormat.MK2, KeyFormat.MK1])
+def test_the_new_primary_of_a_revocation_is_of_the_format_a_begin_makes(old_format: KeyFormat) -> None:
+    """Issue 36: new keys are mk2 (2^48 seals a key). The key that replaces a revoked primary is a new key
+    like any other: a revocation must not hand the ring an mk1 key with its 2^32 limit (it did: the backend
+    makes mk1 unless told, and only begin told it)."""
+    ring = fresh_ring(key_format=old_format)
+    after = _revoke(ring, ring.primary.kid)
+    assert after.primary.format is KeyFormat.MK2
+    codec = LocalAESGCMCodec.from_ring(after, audience=AUD)
+    token = codec.seal(b"next")
+    assert token.startswith("mk2.") and codec.unseal(token) == b"next"
 
 
 def test_revoking_the_primary_mid_rotation_promotes_the_key_the_begin_added() -> None:

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from mrtr_keys.audit.writing.stores.base import SCHEMA_VERSION
 from tests.fixtures.audit import cli
 
 COMMANDS = [
@@ -44,3 +45,9 @@ def test_verify_help_names_the_exit_codes_cron_tells_apart() -> None:
         "exit 1 at the first break, 75 when the store, an archive or a checkpoint location cannot be read now" in text
     )
     assert "2 for a bad option or without the chain key" in text, text
+
+
+def test_migrate_help_names_the_schema_it_migrates_to() -> None:
+    text = re.sub(r"[│\s]+", " ", cli("audit", "migrate", "--help").out)
+    assert f"from schema 3 or 4 to {SCHEMA_VERSION}" in text, text  # it said "to schema 4" after 5 landed
+    assert "schema 4 (" not in text, text

@@ -18,7 +18,7 @@ from mcp.server.mcpserver import InvalidRequestState
 from prometheus_client import REGISTRY
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.url import default_url, open_store
+from mrtr_keys.audit.writing.stores.url import default_url, open_store
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.fleet.instances import InstanceRecord
 from tests.fixtures.audit import cli
@@ -157,3 +157,24 @@ def test_wait_names_an_instance_that_cannot_learn_of_it_and_fleet_status_says_wh
     assert frozen.reload() and frozen.presence.beat()
     rows = {r["name"]: r["applied"] for r in cli("fleet", "status", "--json", keystore=ring).json()}
     assert rows == {"frozen": True, "live": True}
+
+
+def test_an_audit_store_out_of_reach_writes_nothing_and_says_how_to_revoke_without_it(tmp_path: Path) -> None:
+    """An incident whose audit database is down too: the revoke needs the store (estimate, fleet check, record),
+    so it writes nothing and exits 75; the message says how to revoke without it (the ring still keeps who,
+    when and why), and that works."""
+    import socket
+
+    ring, kid = _ring(tmp_path)
+    with socket.socket() as held:  # bound and never listening: every connection is refused
+        held.bind(("127.0.0.1", 0))
+        url = f"postgresql://127.0.0.1:{held.getsockname()[1]}/audit"
+        res = cli("--audit", url, "keys", "revoke", kid, "--reason", "leak", "--yes", keystore=ring)
+    assert res.code == 75 and res.err.count("\n") == 1, res.err
+    assert "nothing written" in res.err
+    assert f"mrtr-keys --audit off keys revoke {kid} --reason TEXT --yes" in res.err
+    assert cli("keys", "list", "--json", keystore=ring).json()["generation"] == 1
+    done = cli("--audit", "off", "keys", "revoke", kid, "--reason", "leak", "--yes", keystore=ring)
+    assert done.code == 0 and f"key {kid} revoked (was primary)" in done.out
+    key = cli("keys", "show", kid, "--json", keystore=ring).json()
+    assert (key["state"], key["revoked_reason"]) == ("revoked", "leak")

@@ -85,7 +85,7 @@ def test_with_the_lease_off_the_same_instance_seals_with_a_retired_kid(tmp_path:
 def test_a_keystore_out_of_reach_serves_the_last_good_ring_fenced_out(tmp_path: Path) -> None:
     """Served, and recorded: the metric, the reason ``fenced-out`` on each ok audit event of those calls,
     and a note in ``fleet status`` (read from presence, while the keystore is out of reach)."""
-    from mrtr_keys.audit.observer import observer_for
+    from mrtr_keys.audit.capture.observer import observer_for
 
     store = _ring(tmp_path)
     observer = observer_for(store.path.parent, audience=AUD)  # the audit store beside the ring

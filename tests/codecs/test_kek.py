@@ -45,6 +45,10 @@ OUTAGES = [
     ("KeyUnavailableException", 500),
     ("DependencyTimeoutException", 503),
     ("ServiceUnavailableException", 503),
+    # the instance's credentials or clock, not the key: an STS outage left them unrefreshed, or the clock drifted
+    ("ExpiredTokenException", 400),
+    ("RequestExpired", 400),
+    ("InvalidSignatureException", 400),
 ]
 
 

@@ -109,9 +109,10 @@ def test_several_sdk_keys_import_as_old_keys_retired_together(tmp_path: Path) ->
     assert run_step(store, "begin").changed
 
 
-def test_a_revoked_sdk_key_is_replaced_by_an_mk1_primary_and_its_v1_tokens_say_revoked_kid(tmp_path: Path) -> None:
-    """Issue 37: revoking the SDK key that seals makes a new (mk1) primary in the same generation; the
-    SDK's own tokens under the revoked key are refused with the reason ``revoked kid``."""
+def test_a_revoked_sdk_key_is_replaced_by_an_mk2_primary_and_its_v1_tokens_say_revoked_kid(tmp_path: Path) -> None:
+    """Issue 37: revoking the SDK key that seals makes a new primary in the same generation, of the format a
+    begin makes (mk2, issue 36); the SDK's own tokens under the revoked key are refused with the reason
+    ``revoked kid``."""
     from mrtr_keys.backends import backend_for
     from mrtr_keys.changes.apply import apply_change
     from mrtr_keys.changes.revoke import revoke
@@ -126,7 +127,7 @@ def test_a_revoked_sdk_key_is_replaced_by_an_mk1_primary_and_its_v1_tokens_say_r
     )
     assert codec.reload()
     assert reason(codec, old) == "revoked kid"
-    assert codec.seal(b"x").startswith("mk1.") and store.load().lookup(kid).material is None  # type: ignore[union-attr]
+    assert codec.seal(b"x").startswith("mk2.") and store.load().lookup(kid).material is None  # type: ignore[union-attr]
 
 
 def test_ring_documents_stay_backward_compatible_and_hold_sdk_keys_apart(tmp_path: Path) -> None:

@@ -342,8 +342,8 @@ def _wait(what: Callable[[], Any], why: str | Callable[[], str], timeout: float 
 def test_the_cronjob_waits_until_both_sidecar_pods_loaded_each_generation(
     cluster: Cluster, admin: Admin, postgres_url: str
 ) -> None:
-    from mrtr_keys.audit.stores.base import Query
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.base import Query
+    from mrtr_keys.audit.writing.stores.url import open_store
     from mrtr_keys.fleet.presence import read_instances
 
     image = read_image()

@@ -15,7 +15,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
 from mrtr_keys.audit.events import FIELDS
-from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.example.app import QUESTION_STATE, build_server
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.ring.document import ring_from_json
@@ -50,7 +50,7 @@ def _events(ring: Path, *args: str) -> list[dict[str, Any]]:
 
 
 def _flush_all() -> None:
-    from mrtr_keys.audit.sink import live as _live
+    from mrtr_keys.audit.capture.sink import live as _live
 
     for sink in list(_live):
         sink.flush()

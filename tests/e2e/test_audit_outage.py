@@ -15,11 +15,11 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-from mrtr_keys.audit.service_sink import SidecarAudit
-from mrtr_keys.audit.sink import AuditSink
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.capture.service_sink import SidecarAudit
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig

@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from mcp.server.mcpserver import InvalidRequestState
 
-from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
-from mrtr_keys.audit.service_sink import SidecarAudit
-from mrtr_keys.audit.sink import AuditSink
+from mrtr_keys.audit.capture.service_sink import SidecarAudit
+from mrtr_keys.audit.capture.sink import AuditSink
+from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
 from mrtr_keys.service.app import create_app
 from mrtr_keys.service.clients import add_client
 from mrtr_keys.service.config import ServiceConfig
@@ -61,7 +61,7 @@ def test_strict_mode_refuses_and_readyz_fails_while_the_store_cannot_be_written(
     keystore_path: Path, tmp_path: Path
 ) -> None:
     db = tmp_path / "strict.db"
-    from mrtr_keys.audit.stores.url import open_store
+    from mrtr_keys.audit.writing.stores.url import open_store
 
     store = open_store(f"sqlite://{db}")
     store._conn.execute("PRAGMA busy_timeout = 0")  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 
-from mrtr_keys.audit.stores.url import default_url, open_store
+from mrtr_keys.audit.writing.stores.url import default_url, open_store
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.fleet.presence import InstanceRecord, read_instances

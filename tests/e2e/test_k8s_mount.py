@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 import mrtr_keys
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.fleet.presence import read_instances

@@ -113,7 +113,7 @@ def _children(pid: int) -> list[int]:
 def _writer_of(pid: int) -> int | None:
     for child in _children(pid):
         try:
-            if b"mrtr_keys.audit.writer.child" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"mrtr_keys.audit.writing.writer.child" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return child
         except FileNotFoundError:
             continue

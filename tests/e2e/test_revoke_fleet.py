@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 from mrtr_keys.audit.events import parse_event_time
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.e2e.pauses import init_ring, start_mcp_servers, start_sidecar_instance
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic

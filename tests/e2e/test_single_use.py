@@ -39,7 +39,7 @@ def _refused(mcp: MCPServer, token: str) -> MCPError:
 
 
 def _reasons(ring: Path) -> list[tuple[str, str, str | None]]:
-    from mrtr_keys.audit.sink import live as _live
+    from mrtr_keys.audit.capture.sink import live as _live
 
     for sink in list(_live):
         sink.flush()

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from mrtr_keys.audit.stores.key_usage import totals
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.key_usage import totals
+from mrtr_keys.audit.writing.stores.url import open_store
 from tests.e2e.traffic import Traffic
 from tests.fixtures.common import run_cli
 from tests.fixtures.sidecar import start_sidecar

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit.stores.base import Query
-from mrtr_keys.audit.stores.key_usage import totals
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.base import Query
+from mrtr_keys.audit.writing.stores.key_usage import totals
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.token import b64u_decode
 from tests.e2e.servers import ServerPool
 from tests.e2e.traffic import Traffic

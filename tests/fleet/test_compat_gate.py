@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mrtr_keys.audit.events import format_dt
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.errors import NotYet
 from mrtr_keys.fleet.compat_gate import instances_that_cannot_read, refuse_unreadable
 from mrtr_keys.fleet.instances import InstanceRecord

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit import observer as observer_mod
+from mrtr_keys.audit.capture import observer as observer_mod
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.errors import NotYet
 from mrtr_keys.factory import request_state_security

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit import observer as observer_mod
+from mrtr_keys.audit.capture import observer as observer_mod
 from mrtr_keys.audit.events import instance_id
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.factory import request_state_security

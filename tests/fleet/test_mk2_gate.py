@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.changes.apply import apply_change
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.lifecycle import abort

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.fleet.presence import (
     LIVE,

@@ -17,14 +17,15 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
 
-from mrtr_keys.audit.stores.key_usage import SETTLED, totals
-from mrtr_keys.audit.stores.url import open_store
+from mrtr_keys.audit.events import format_ts
+from mrtr_keys.audit.writing.stores.key_usage import SETTLED, totals
+from mrtr_keys.audit.writing.stores.url import open_store
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.local import LocalAESGCMCodec
 from mrtr_keys.codecs.usage import NEVER, OVER_BUDGET, over_budget, usage_for
 from mrtr_keys.errors import AuditUnavailable
-from mrtr_keys.fleet.usage import MIN_BLOCK, UsageReporter
+from mrtr_keys.fleet.usage import MIN_BLOCK, SETTLE_AFTER, UsageReporter
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.budgets import block_of, budget_of
 
@@ -57,7 +58,8 @@ def test_the_primary_is_reserved_before_it_seals_and_the_total_is_never_below_th
     kid = codec.ring.primary.kid
     first = _totals(store, codec)[kid]
     assert (first.sealed, first.seals) == (0, MIN_BLOCK)  # reserved ahead, nothing sealed yet
-    tokens = [codec.seal(b"x") for _ in range(250)]  # past the first block without a round: the core wakes it
+    n = MIN_BLOCK + 250
+    tokens = [codec.seal(b"x") for _ in range(n)]  # past the first block without a round: the core wakes it
     assert reporter._wake.is_set()  # one comparison on the hot path asked for the next block
     for token in tokens[:50]:
         codec.unseal(token)
@@ -65,9 +67,21 @@ def test_the_primary_is_reserved_before_it_seals_and_the_total_is_never_below_th
         codec.unseal(tokens[0][:-2] + ("BA" if tokens[0].endswith("AA") else "AA"))
     assert reporter.run_round()
     t = _totals(store, codec)[kid]
-    assert (t.sealed, t.unseals, t.rejections) == (250, 50, 1)
-    assert 250 <= t.seals <= 250 + t.blocks and t.blocks <= block_of(budget_of(codec.ring, codec.ring.primary))
+    assert (t.sealed, t.unseals, t.rejections) == (n, 50, 1)
+    assert n <= t.seals <= n + t.blocks and t.blocks <= block_of(budget_of(codec.ring, codec.ring.primary))
     assert reporter.totals[codec.ring.ring_id][kid] == t  # what the instance itself reports (metrics, /readyz)
+
+
+def test_the_first_reservation_outlasts_a_store_round_trip_at_a_busy_sidecars_rate(fleet: Any) -> None:
+    """Before the first seal nothing is known of the rate, and the next block is written only once half of the
+    first is spent. That half must cover a busy sidecar (20,000 seals a second) for a store round trip under load
+    (0.25 s): a burst that spends it first seals past the reservation, and a SIGKILL then loses those seals
+    (a 100-seal block was outrun by thousands of seals over PostgreSQL)."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    _reporter(store, codec)
+    first = _totals(store, codec)[codec.ring.primary.kid]
+    assert first.sealed == 0 and first.seals // 2 >= 20_000 * 0.25
 
 
 def test_a_killed_process_leaves_its_reservation_counted_until_it_is_settled(fleet: Any) -> None:
@@ -157,10 +171,60 @@ def test_a_store_outage_never_stops_sealing_and_the_counts_arrive_when_it_is_bac
     assert t.sealed == 300 and t.seals >= 300
 
 
+def test_a_quiet_process_is_never_settled_while_it_lives(fleet: Any) -> None:
+    """A sidecar idle for hours (a night) writes nothing new; if its rows looked silent, a settle (any reporter's,
+    every 10 minutes, of sources silent for an hour) would fold them into the settled row while it still reports
+    them, and its next write would count its whole history twice. It refreshes its rows instead."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    clock = [1_800_000_000.0]
+    reporter = UsageReporter(store, instance="pod-quiet", clock=lambda: clock[0])
+    reporter.watch(lambda: codec.ring)
+    for _ in range(30):
+        codec.seal(b"x")
+    assert reporter.run_round()
+    for _ in range(6):  # two hours without a seal, a round now and then
+        clock[0] += 1200
+        assert reporter.run_round()
+    assert store.settle_usage(codec.ring.ring_id, before=format_ts(clock[0] - SETTLE_AFTER)) == 0
+    codec.seal(b"morning")
+    assert reporter.run_round()
+    t = _totals(store, codec)[codec.ring.primary.kid]
+    assert t.sealed == 31 and 31 <= t.seals <= 31 + t.blocks
+
+
+def test_counts_settled_while_a_process_was_cut_off_are_not_counted_twice(fleet: Any) -> None:
+    """A process cut from the store for over an hour looks silent and another reporter settles its rows (its
+    counts, reservation included, move to the settled row). Once the store answers again it reports only what
+    came after, not its whole history again."""
+    keystore, inner = fleet
+    store = FlakyStore(inner)
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    clock = [1_800_000_000.0]
+    reporter = UsageReporter(store, instance="pod-cut", clock=lambda: clock[0])
+    reporter.watch(lambda: codec.ring)
+    for _ in range(30):
+        codec.unseal(codec.seal(b"x"))
+    assert reporter.run_round()
+    store.down = True
+    for _ in range(6):
+        clock[0] += 1200
+        assert not reporter.run_round()
+    assert inner.settle_usage(codec.ring.ring_id, before=format_ts(clock[0] - SETTLE_AFTER)) == 1  # another's
+    store.down = False
+    codec.unseal(codec.seal(b"back"))
+    assert reporter.run_round()
+    t = _totals(inner, codec)[codec.ring.primary.kid]
+    assert (t.sealed, t.unseals) == (31, 31) and 31 <= t.seals <= 31 + t.blocks
+    reporter.stop()
+    t = _totals(inner, codec)[codec.ring.primary.kid]
+    assert (t.sealed, t.unseals) == (31, 31) and t.seals >= 31
+
+
 def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.writing.stores.base import Query
     from mrtr_keys.factory import request_state_security
 
     keystore = FileKeystore(tmp_path / "keyring.json")

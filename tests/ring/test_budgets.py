@@ -33,6 +33,17 @@ def test_a_keys_own_budget_wins_over_the_rings_which_wins_over_the_default() -> 
     assert block_of(4000) == 40 and block_of(50) == 1 and block_of(2**47) == 2**47 // 100
 
 
+def test_no_budget_is_above_the_limit_of_its_keys_format() -> None:
+    """A ring-wide budget meant for mk2 keys (2^40, allowed: under mk2's 2^48) must not carry an mk1 key made
+    later (``rotate begin --key-format mk1``) past mk1's 2^32, where its advantage bound no longer holds; nor may a
+    hand-edited key budget. The budget is then the format's limit."""
+    ring = replace(fresh_ring(), seal_budget=2**40)
+    mk1 = replace(ring.primary, format=KeyFormat.MK1)
+    assert budget_of(ring, ring.primary) == 2**40
+    assert budget_of(ring, mk1) == LIMITS[KeyFormat.MK1] == 2**32
+    assert budget_of(ring, replace(mk1, budget=2**50)) == 2**32
+
+
 def test_budgets_round_trip_and_are_written_only_when_set() -> None:
     ring = fresh_ring()
     assert "seal_budget" not in json.loads(ring.dumps()) and "budget" not in json.loads(ring.dumps())["keys"][0]

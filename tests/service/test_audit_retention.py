@@ -16,7 +16,7 @@ from typing import Any
 from bench.audit_log import fill
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.narrow import Codec
+from mrtr_keys.audit.writing.stores.narrow import Codec
 from tests.fixtures.audit import cli
 
 

@@ -22,6 +22,8 @@ from tests.supply.pins import REPO, locked_pins
 from tests.support.advisories import AdvisoryServer, npm_advisory, osv_record, silent_port
 from tests.support.net import refused_port
 
+OSV = "https://api.osv.dev/v1/query"
+
 pytestmark = pytest.mark.e2e
 
 BUILD = REPO / "requirements" / "build.txt"  # a real locked file of four packages: quick to audit
@@ -173,6 +175,26 @@ def test_an_exception_without_a_reason_or_a_date_is_refused(tmp_path: Path) -> N
     )
     bad.write_text('[[IgnoredVulns]]\nid = "GHSA-test-0003-0003"\nreason = "x"\nignoreUntil = "soon"\n')
     assert deps_audit(ignore=bad).stderr.endswith("ignoreUntil must be a date (ignoreUntil = 2027-01-31)\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--osv-url", "api.osv.dev/v1/query"], "argument --osv-url: 'api.osv.dev/v1/query' is not an http(s) URL"),
+        (["--npm-registry", "ftp://registry"], "argument --npm-registry: 'ftp://registry' is not an http(s) URL"),
+        (["--timeout", "0"], "argument --timeout: '0' is not a positive number of seconds"),
+        (["--deadline=-5"], "argument --deadline: '-5' is not a positive number of seconds"),
+        (["--npm-dir", "/no/such/dir"], "argument --npm-dir: /no/such/dir is not a directory"),
+        (["--requirements", "/no/such/file"], "argument --requirements: /no/such/file is not a file"),
+        (["--osv_url", OSV], "unrecognized arguments: --osv_url " + OSV),
+    ],
+    ids=["url", "registry", "timeout", "deadline", "npm-dir", "requirements", "misspelled"],
+)
+def test_a_bad_command_line_is_one_line_and_exit_2(args: list[str], said: str) -> None:
+    """A typo in a URL or a time would otherwise pass as "not scanned" (exit 0: CI green, nothing scanned),
+    and a missing directory was a traceback."""
+    done = deps_audit(*args)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"deps-audit: {said}\n")
 
 
 def test_ci_runs_the_audit_after_the_tests() -> None:

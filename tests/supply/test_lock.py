@@ -33,13 +33,34 @@ def test_the_venv_holds_exactly_the_locked_set() -> None:
     assert installed == pins
 
 
+def _assert_hashed(name: str, text: str) -> None:
+    lines = text.splitlines()
+    pins = [i for i, line in enumerate(lines) if line and line[0] not in " #"]
+    assert pins, name
+    for i in pins:
+        assert "==" in lines[i] and lines[i + 1].startswith("    --hash=sha256:"), (name, lines[i])
+
+
 def test_every_locked_requirement_carries_hashes() -> None:
     for name in ("all.txt", "image.txt", "build.txt", "uv.txt"):
-        lines = (REPO / "requirements" / name).read_text().splitlines()
-        pins = [i for i, line in enumerate(lines) if line and line[0] not in " #"]
-        assert pins, name
-        for i in pins:
-            assert "==" in lines[i] and lines[i + 1].startswith("    --hash=sha256:"), (name, lines[i])
+        _assert_hashed(name, (REPO / "requirements" / name).read_text())
+
+
+def test_the_pip_fallback_installs_every_locked_pin_but_uv_itself(tmp_path: Path) -> None:
+    """Where uv cannot be installed, the Makefile has pip install the locked set without uv: with uv in it (as
+    requirements/all.txt has), pip fails on uv exactly as the bootstrap from requirements/uv.txt just did."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "lock.py"), "fallback"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "pip.txt").write_text(done.stdout)
+    everything = locked_pins(REPO / "requirements" / "all.txt")
+    assert "uv" in everything and set(locked_pins(REPO / "requirements" / "uv.txt")) == {"uv"}
+    assert locked_pins(tmp_path / "pip.txt") == {k: v for k, v in everything.items() if k != "uv"}
+    _assert_hashed("fallback", done.stdout)
+    makefile = (REPO / "Makefile").read_text()
+    assert "tools/lock.py fallback > $(VENV)/requirements-pip.txt" in makefile
+    assert "--require-hashes -r $(VENV)/requirements-pip.txt" in makefile
 
 
 @pytest.fixture
@@ -84,6 +105,32 @@ def test_a_version_bound_changed_without_make_lock_fails(copy: Path) -> None:
     assert (done.returncode, done.stderr) == (1, f"lock: pyproject.toml and uv.lock disagree: {HINT}\n")
 
 
+def test_make_lock_after_a_dependency_change_writes_what_the_check_accepts(copy: Path) -> None:
+    """What ``make lock`` runs (``tools/lock.py write``), offline: a bound raised in pyproject.toml (one the
+    locked version meets, so nothing needs the registry) is written into uv.lock, and the exports and the
+    Dockerfile's digest follow, so ``make lint``'s check passes again."""
+    pyproject = copy / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"cryptography>=42"', '"cryptography>=43"', 1))
+    assert check(copy).returncode == 1
+    done = subprocess.run(
+        [sys.executable, str(copy / "tools" / "lock.py"), "write", "--offline"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    digest = hashlib.sha256((copy / "uv.lock").read_bytes()).hexdigest()
+    assert done.stdout == (
+        f"uv.lock sha256 {digest}; wrote requirements/all.txt, requirements/image.txt, requirements/build.txt, "
+        "requirements/uv.txt and the Dockerfile's UV_LOCK_SHA256\n"
+    )
+    assert '{ name = "cryptography", specifier = ">=43" }' in (copy / "uv.lock").read_text()
+    again = check(copy)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert f"ARG UV_LOCK_SHA256={digest}\n" in (copy / "Dockerfile").read_text()
+    assert locked_pins(copy / "requirements" / "all.txt") == locked_pins(REPO / "requirements" / "all.txt")
+
+
 def test_an_edited_export_or_a_stale_digest_fails(copy: Path) -> None:
     image = copy / "requirements" / "image.txt"
     original = image.read_text()
@@ -97,3 +144,16 @@ def test_an_edited_export_or_a_stale_digest_fails(copy: Path) -> None:
         1,
         f"lock: the Dockerfile's UV_LOCK_SHA256 is not uv.lock's sha256: {HINT}\n",
     )
+
+
+def test_a_venv_without_uv_gets_one_line_from_the_lock_check_and_the_sbom(tmp_path: Path) -> None:
+    """What pip's fallback makes: an interpreter with no uv beside it."""
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    for tool, said in (("lock.py", "lock: "), ("sbom.py", "sbom: ")):
+        args = ["check"] if tool == "lock.py" else [str(tmp_path / "sbom")]
+        done = subprocess.run([str(python), str(REPO / "tools" / tool), *args], capture_output=True, text=True)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(said) and str(tmp_path / "bin" / "uv") in done.stderr
+        assert "make lock" not in done.stderr  # it needs uv too: the hint would send one round in circles

@@ -6,7 +6,7 @@ column names of every store): ``time`` (UTC, ISO 8601 with microseconds and ``Z`
 ``kid``, ``op``, ``outcome`` (``ok`` or ``rejected``), ``reason`` (rejection code, ``forced``, or
 ``fenced-out`` on an ok seal or unseal served while fenced out, `mrtr_keys.codecs.fence`, ``over-budget``
 on an ok seal by a key past its seal budget, `mrtr_keys.fleet.usage`),
-``fingerprint`` (see `mrtr_keys.audit.fingerprint`), ``generation`` (key ring generation) and
+``fingerprint`` (see `mrtr_keys.audit.writing.fingerprint`), ``generation`` (key ring generation) and
 ``duration_ms``. An event never holds a token, a payload, plaintext, key material or a secret.
 """
 
@@ -64,7 +64,7 @@ STATS_KEYS = ("kid", "reason", "audience", "client", "instance", "op", "outcome"
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One audit record's content (the chain fields live in `mrtr_keys.audit.chain.Record`)."""
+    """One audit record's content (the chain fields live in `mrtr_keys.audit.writing.chain.Record`)."""
 
     time: str
     instance: str

@@ -31,7 +31,7 @@ RECORD_PATIENCE = 15.0
 at the store's deadline, a reset, a failover): the change is already saved, and a record lost for a
 store that was only slow (a PostgreSQL checkpoint stalling commits for seconds) is worse than a CLI
 that waits. Each retry re-sends the same event, stored once whether or not the cut one landed
-(`mrtr_keys.audit.direct.DirectWriter.append`)."""
+(`mrtr_keys.audit.writing.direct.DirectWriter.append`)."""
 
 
 def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
@@ -74,7 +74,7 @@ def change_event(result: ChangeResult, now: float | None = None) -> AuditEvent:
 
 def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener:
     """A listener recording every saved change in the store `audit` names (see
-    `mrtr_keys.audit.stores.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
+    `mrtr_keys.audit.writing.stores.url.resolve_url`; None: ``MRTR_KEYS_AUDIT`` else beside the ring).
 
     The listener raises `AuditError` if the store cannot be written (the change itself is
     already saved; the message says so): at once if the store refused the write, after trying for
@@ -83,8 +83,8 @@ def change_listener(audit: str | Literal[False] | None = None) -> ChangeListener
 
     def listener(result: ChangeResult, before: KeyRing, keystore: Keystore) -> None:
         # Imported on the first change, not when the CLI installs the listener at start-up.
-        from mrtr_keys.audit.registry import shared_sink
-        from mrtr_keys.audit.stores.url import resolve_url
+        from mrtr_keys.audit.capture.registry import shared_sink
+        from mrtr_keys.audit.writing.stores.url import resolve_url
 
         url = resolve_url(audit, keystore.directory)
         if url is None:

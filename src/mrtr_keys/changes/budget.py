@@ -32,7 +32,9 @@ def parse_seals(text: str) -> int:
     try:
         if "^" in cleaned:
             base, _, exp = cleaned.partition("^")
-            value: int = int(base) ** int(exp)
+            b, e = int(base), int(exp)
+            # past 2^63 the value is out of range anyway: never compute a power of millions of digits
+            value: int = b**e if abs(b) < 2 or e <= 63 else MAX_BUDGET + 1
         else:
             number = float(cleaned) if any(c in cleaned for c in ".eE") else int(cleaned)
             value = int(number)

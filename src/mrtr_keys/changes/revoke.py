@@ -7,8 +7,9 @@ key (``mrtr-keys keys revoke`` prints which before it writes, `mrtr_keys.fleet.r
 
 * a ``verify`` key (the key a ``begin`` added, or the old key after a ``promote``) becomes ``revoked``;
 * the ``primary`` becomes ``revoked`` and, in the same generation, another key seals: the key a
-  ``begin`` added when a rotation is begun (promoted now), else a new key from the ring's backend,
-  promoted at once (a Vault ring rotates its transit key for it, as ``begin`` does);
+  ``begin`` added when a rotation is begun (promoted now), else a new key from the ring's backend in the
+  newest format its codec seals (``mk2``, as ``begin`` makes), promoted at once (a Vault ring rotates its
+  transit key for it, as ``begin`` does);
 * a ``retired`` key (destroyed or not) becomes ``revoked``, so the record says why it ended;
 * a ``revoked`` key: nothing to do (a revocation is final; a key revoked by mistake is replaced by
   rotating on, docs/rotation.md).
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from mrtr_keys.backends import Backend
+from mrtr_keys.backends import Backend, key_format_for
 from mrtr_keys.changes.apply import ChangeResult
 from mrtr_keys.changes.rotation import Phase, status
 from mrtr_keys.errors import ConfigError, UnknownKid
@@ -128,8 +129,10 @@ def _successor(ring: KeyRing, now: datetime, backend: Backend) -> Key:
     if st.phase is Phase.BEGUN and st.new is not None:
         return st.new
     kid = new_kid(k.kid for k in ring.keys)
-    # made as a verify key (a Vault ring rotates its transit key for it, as `begin` does), promoted by the caller
-    return backend.new_key(ring_id=ring.ring_id, kid=kid, state=KeyState.VERIFY, audiences=ring.audiences, now=now)
+    # made as a verify key (a Vault ring rotates its transit key for it, as `begin` does), promoted by the caller;
+    # in the format `begin` would give it (the backend makes mk1 unless told)
+    key = backend.new_key(ring_id=ring.ring_id, kid=kid, state=KeyState.VERIFY, audiences=ring.audiences, now=now)
+    return replace(key, format=key_format_for(backend, None))
 
 
 def _material(key: Key) -> str:

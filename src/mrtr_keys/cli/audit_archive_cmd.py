@@ -1,5 +1,5 @@
 """`mrtr-keys audit archive --before 30d --to DIR|s3://BUCKET/PREFIX`: segments + manifest, then prune
-(`mrtr_keys.audit.archive`)."""
+(`mrtr_keys.audit.retention.archive`)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def archive(
 ) -> None:
     """Write the events older than --before as verifiable segment files with a manifest, then prune them
     (the prune's checkpoint records the manifest's SHA-256). Check with `audit verify --from-archive`."""
-    from mrtr_keys.audit.archive import archive as archive_store
-    from mrtr_keys.audit.archive_dest import open_destination
     from mrtr_keys.audit.events import parse_when
+    from mrtr_keys.audit.retention.archive import archive as archive_store
+    from mrtr_keys.audit.retention.archive_dest import open_destination
     from mrtr_keys.cli.output import print_json, print_line
 
     cutoff = parse_when(before)

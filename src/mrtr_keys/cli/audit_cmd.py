@@ -23,7 +23,7 @@ from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
 from mrtr_keys.errors import AuditError, ConfigError
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore, Query
+    from mrtr_keys.audit.writing.stores.base import AuditStore, Query
     from mrtr_keys.keystores import Keystore
 
 app = typer.Typer(help="The token audit log: every seal, unseal and key ring change.", no_args_is_help=True)
@@ -49,8 +49,8 @@ def _keystore(location: str | None) -> Keystore:
 
 
 def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) -> AuditStore:
-    from mrtr_keys.audit.stores.sqlite import path_from_url
-    from mrtr_keys.audit.stores.url import open_store, store_url
+    from mrtr_keys.audit.writing.stores.sqlite import path_from_url
+    from mrtr_keys.audit.writing.stores.url import open_store, store_url
     from mrtr_keys.cli.options import root_audit
 
     url = store_url(audit if audit is not None else root_audit(), _keystore(keystore_))
@@ -66,7 +66,7 @@ def _open(audit: str | None, keystore_: str | None, *, must_exist: bool = True) 
 
 def _chain_keys(keystore_: str | None, command: str) -> Any:
     """The chain keys `command` verifies links with, read as the writers read theirs (exit 2 without)."""
-    from mrtr_keys.audit.chain_key import verifier_keys
+    from mrtr_keys.audit.writing.chain_key import verifier_keys
 
     return verifier_keys(_keystore(keystore_).directory, command)
 
@@ -87,7 +87,7 @@ def _query(
     newest_first: bool = False,
 ) -> Query:
     from mrtr_keys.audit.events import OK, OPS, REJECTED, parse_when
-    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.writing.stores.base import Query
 
     if op is not None and op not in OPS:
         raise ConfigError(f"--op must be one of {', '.join(OPS)}")
@@ -138,7 +138,7 @@ def tail(
     json_: JsonOpt = False,
 ) -> None:
     """Show the newest events; with -f keep following (with --json: one JSON object a line)."""
-    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.writing.stores.base import Query
 
     store = _open(audit, keystore_)
     recent = list(reversed(store.query(Query(newest_first=True, limit=max(lines, 0)))))
@@ -301,7 +301,7 @@ def _trusted_records(sources: list[str] | None, keystore_: str | None) -> tuple[
     """
     import os
 
-    from mrtr_keys.audit.ledger import FileLedger, open_ledger
+    from mrtr_keys.audit.verifying.ledger import FileLedger, open_ledger
 
     if not sources:
         sources = [str(_default_checkpoints(keystore_))]
@@ -332,10 +332,10 @@ def checkpoint(
     """Record every chain's head (last seq and hash) so `verify` can detect a cut-off tail; reads only
     what was added since the last checkpoint in the file (--full: everything). Refuses (exit 1) when the
     file records this store's chains under another store id (its id was rewritten)."""
-    from mrtr_keys.audit.checkpoint_since import make_checkpoint_since
     from mrtr_keys.audit.events import plural
-    from mrtr_keys.audit.ledger import open_ledger
-    from mrtr_keys.audit.store_match import checkpoints_of, id_break
+    from mrtr_keys.audit.verifying.checkpoint_since import make_checkpoint_since
+    from mrtr_keys.audit.verifying.ledger import open_ledger
+    from mrtr_keys.audit.verifying.store_match import checkpoints_of, id_break
     from mrtr_keys.cli.output import error, print_json, print_line, print_table
 
     keys = _chain_keys(keystore_, "audit checkpoint")
@@ -382,7 +382,7 @@ def export(
     from rich.console import Console
     from rich.progress import Progress
 
-    from mrtr_keys.audit.stores.base import SQL_COLUMNS
+    from mrtr_keys.audit.writing.stores.base import SQL_COLUMNS
 
     if fmt not in ("jsonl", "csv"):
         raise ConfigError("--format must be jsonl or csv")
@@ -414,13 +414,13 @@ def export(
 
 
 def canonical_spelling(token: str) -> str:
-    from mrtr_keys.audit.fingerprint import canonical_spelling as respell
+    from mrtr_keys.audit.writing.fingerprint import canonical_spelling as respell
 
     return respell(token)
 
 
 def _fingerprinter(keystore_: str | None) -> Any:
-    from mrtr_keys.audit.fingerprint import Fingerprinter, load_audit_key
+    from mrtr_keys.audit.writing.fingerprint import Fingerprinter, load_audit_key
 
     return Fingerprinter(load_audit_key(_keystore(keystore_).directory, create=False))
 

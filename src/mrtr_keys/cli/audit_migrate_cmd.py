@@ -1,9 +1,9 @@
-"""`mrtr-keys audit migrate`: bring an audit store to the current schema (4), once (docs/audit.md).
+"""`mrtr-keys audit migrate`: bring an audit store to the current schema (5), once (docs/audit.md).
 
-PostgreSQL: the events table becomes partitioned by day (every row copied with its storage
-position, in one transaction); SQLite: the indexes of schema 4. Then the events written before the
-hourly totals of ``audit stats`` existed are counted into them, in pages
-(`mrtr_keys.audit.stores.hours`); on a schema 4 store that is all it does. Refuses a store with
+PostgreSQL: the events table becomes narrow rows partitioned by day (every row copied with its storage
+position, in one transaction); SQLite from 4: one index replaced, from 3: every row copied into the narrow
+rows. Then the events written before the hourly totals of ``audit stats`` existed are counted into them, in
+pages (`mrtr_keys.audit.writing.stores.hours`); on a schema 5 store that is all it does. Refuses a store with
 nothing left to do.
 """
 
@@ -13,16 +13,16 @@ import time
 from typing import Any
 
 from mrtr_keys.audit.events import plural
-from mrtr_keys.audit.stores.base import SCHEMA_VERSION
+from mrtr_keys.audit.writing.stores.base import SCHEMA_VERSION
 from mrtr_keys.cli.audit_cmd import AuditOpt, _open
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
 
 
 def migrate(keystore_: KeystoreOpt = None, audit: AuditOpt = None, json_: JsonOpt = False) -> None:
-    """Migrate the audit store to schema 4 (PostgreSQL: partitions by day; SQLite: new indexes),
-    keeping every event, and count older events into the hourly totals of `audit stats`; runs once
-    (stop the writers first on a large store)."""
+    """Migrate the audit store from schema 3 or 4 to 5 (PostgreSQL: narrow rows in day partitions, every
+    row copied; SQLite: narrow rows and one new index), keeping every event, and count older events into
+    the hourly totals of `audit stats`; runs once (stop the writers first on a large store)."""
     from mrtr_keys.cli.output import print_json, print_line
 
     store = _open(audit, keystore_)

@@ -1,4 +1,4 @@
-"""`mrtr-keys audit prune --before 30d`: delete old events, keeping the proof (`mrtr_keys.audit.prune`)."""
+"""`mrtr-keys audit prune --before 30d`: delete old events, keeping the proof (`mrtr_keys.audit.retention.prune`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def prune(
     """Delete events older than --before, chain by chain at batch boundaries, after verifying them and
     recording each chain's cut in the checkpoint file (`audit verify` then starts there)."""
     from mrtr_keys.audit.events import format_ts, parse_when, plural
-    from mrtr_keys.audit.prune import prune as prune_store
+    from mrtr_keys.audit.retention.prune import prune as prune_store
     from mrtr_keys.cli.output import print_json, print_line
 
     cutoff = parse_when(before)
@@ -85,14 +85,14 @@ def _refuse_inside_gate_window(cutoff: str, keystore_: str | None) -> None:
 @contextmanager
 def locked_docs(path: Path, store: Any) -> Iterator[list[dict[str, Any]]]:
     """Hold the checkpoint file's pruner lock and yield its documents for `store` (by store id, else
-    by URL: `mrtr_keys.audit.store_match`).
+    by URL: `mrtr_keys.audit.verifying.store_match`).
 
     Raises:
         AuditBusy: another prune or archive (or a sidecar's retention) holds the lock.
     """
-    from mrtr_keys.audit.ledger import FileLedger
-    from mrtr_keys.audit.prune import pruner_lock
-    from mrtr_keys.audit.store_match import checkpoints_of
+    from mrtr_keys.audit.retention.prune import pruner_lock
+    from mrtr_keys.audit.verifying.ledger import FileLedger
+    from mrtr_keys.audit.verifying.store_match import checkpoints_of
     from mrtr_keys.errors import AuditBusy
 
     with pruner_lock(path) as held:

@@ -1,4 +1,4 @@
-"""`mrtr-keys audit verify`: walk every chain in bounded pages (`mrtr_keys.audit.verify_stream`).
+"""`mrtr-keys audit verify`: walk every chain in bounded pages (`mrtr_keys.audit.verifying.verify_stream`).
 
 From genesis, or from each chain's prune cut (``audit prune``), or with ``--since`` from a checkpoint
 forward. Progress goes to stderr on runs longer than a few seconds; ``--json`` prints a summary.
@@ -78,9 +78,9 @@ def verify(
     Reads the store in bounded pages (memory does not grow with the log). After `audit prune`, each
     chain starts from the prune's recorded cut."""
     from mrtr_keys.audit.events import parse_when
-    from mrtr_keys.audit.store_match import by_url_note, checkpoints_of, id_break
-    from mrtr_keys.audit.trust import verify_store
-    from mrtr_keys.audit.verify_stream import StreamReport
+    from mrtr_keys.audit.verifying.store_match import by_url_note, checkpoints_of, id_break
+    from mrtr_keys.audit.verifying.trust import verify_store
+    from mrtr_keys.audit.verifying.verify_stream import StreamReport
     from mrtr_keys.cli.output import error, print_json, print_line
 
     if from_archive and since is not None:
@@ -104,7 +104,7 @@ def verify(
     report: StreamReport
     try:
         if dests:
-            from mrtr_keys.audit.archive_verify import verify_archive
+            from mrtr_keys.audit.verifying.archive_verify import verify_archive
 
             report = verify_archive(dests, store, docs, progress=progress, keys=keys)
         else:
@@ -146,7 +146,7 @@ def verify(
 
 
 def _archive_location(where: str) -> Any:
-    from mrtr_keys.audit.archive_dest import open_destination
+    from mrtr_keys.audit.retention.archive_dest import open_destination
 
     dest = open_destination(where)
     root = getattr(dest, "root", None)  # a directory (an s3:// location has no such test)
@@ -201,9 +201,9 @@ def _keyed(report: Any) -> str:
 def _pruned_meanwhile(path: Path, store: Any, seen: list[dict[str, Any]]) -> bool:
     """Whether a prune or archive of the checkpoint file `path` holds its lock now, or recorded a cut of
     `store` that verify did not read (`seen`: the records it read)."""
-    from mrtr_keys.audit.ledger import PRUNE, FileLedger
-    from mrtr_keys.audit.prune import pruner_running
-    from mrtr_keys.audit.store_match import checkpoints_of
+    from mrtr_keys.audit.retention.prune import pruner_running
+    from mrtr_keys.audit.verifying.ledger import PRUNE, FileLedger
+    from mrtr_keys.audit.verifying.store_match import checkpoints_of
 
     if pruner_running(path):
         return True

@@ -58,7 +58,7 @@ def status(
     A primary that is the MCP SDK's own key (a ring started with 'init --from-sdk-key-file') gets a
     note line; '--json' gives each row's 'primary_format' ('mk1' or 'sdk-v1')."""
     from mrtr_keys.audit.events import parse_event_time, parse_when
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import error, print_json, print_line
     from mrtr_keys.fleet.presence import read_instances
@@ -141,7 +141,7 @@ def status(
 
 def _revocation(audit: Any, ring: Any) -> str | None:
     """For the ring's latest revoked key: which live instances have applied the generation that revoked it."""
-    from mrtr_keys.audit.stores.base import Query
+    from mrtr_keys.audit.writing.stores.base import Query
     from mrtr_keys.fleet.applied import applied
     from mrtr_keys.ring.model import format_time
 

@@ -52,7 +52,7 @@ def _state_and_format(row: dict[str, Any]) -> str:
 
 def _usage(store: Any, ring: Any) -> Any:
     """The ring's fleet-wide seal counts from its presence store (`mrtr_keys.fleet.usage.read_usage`)."""
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.fleet.usage import read_usage
 
@@ -129,7 +129,10 @@ def show(kid: KidArg, keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> 
     info["sealing"] = key.state.value == "primary"
     info["opening"] = key.usable
     info.update(usage.of(ring, kid))
-    info["budget_from"] = "key" if key.budget is not None else "ring" if ring.seal_budget is not None else "format"
+    own = key.budget if key.budget is not None else ring.seal_budget
+    info["budget_from"] = (
+        "format" if own is None or own > info["budget"] else "key" if key.budget is not None else "ring"
+    )  # a budget over the format's limit counts as the limit (`mrtr_keys.ring.budgets.budget_of`)
     info["material"] = "destroyed" if key.destroyed else ("held" if key.material or key.key_data else "none")
     info.update(ring_id=ring.ring_id, generation=ring.generation, codec=ring.codec.type)
     if usage.note:
@@ -231,7 +234,7 @@ def _last_old_seal(store: Any) -> Any:
     ring = store.load()
     if ring.ttl_lowering is None:
         return None
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
 
     audit = existing_store(store, audit=root_audit())

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from mrtr_keys.errors import MrtrKeysError
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.audit.writing.stores.base import AuditStore
     from mrtr_keys.keystores import Keystore
 
 QUIET_SECONDS = 15.0
@@ -32,7 +32,7 @@ class WaitProgress:
     def __init__(self, keystore: Keystore, *, window: float | None = None) -> None:
         from rich.console import Console
 
-        from mrtr_keys.audit.stores.url import existing_store
+        from mrtr_keys.audit.writing.stores.url import existing_store
         from mrtr_keys.cli.options import root_audit, root_log_format
 
         self._json = root_log_format() == "json"

@@ -62,7 +62,7 @@ def revoke(
 ) -> None:
     """Revoke a key now, on every instance (no gates): its tokens are refused ('revoked kid'), a revoked
     primary is replaced at once, its material leaves the ring. Final. Prints the rounds it breaks first."""
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.backends import backend_for
     from mrtr_keys.changes.apply import apply_change
     from mrtr_keys.changes.lifecycle import parse_duration
@@ -70,7 +70,7 @@ def revoke(
     from mrtr_keys.changes.revoke import revoke as revoke_key
     from mrtr_keys.cli.options import change_listeners, root_audit
     from mrtr_keys.cli.output import error, print_line
-    from mrtr_keys.errors import UnknownKid
+    from mrtr_keys.errors import AuditUnavailable, UnknownKid
     from mrtr_keys.fleet.compat_gate import refuse_unreadable
     from mrtr_keys.fleet.revoke_estimate import estimate
     from mrtr_keys.ring.compat import KEY_STATE_REVOKED
@@ -84,9 +84,14 @@ def revoke(
     key = ring.lookup(kid)
     if key is None:
         raise UnknownKid(f"no key {kid} in key ring {ring.ring_id} (see: mrtr-keys keys list)")
-    audit = existing_store(store, audit=root_audit())
+    try:
+        audit = existing_store(store, audit=root_audit())
+    except AuditUnavailable as exc:
+        raise _without_audit(exc, kid) from None
+    result = None
     try:
         now = utcnow()
+        # a revoked primary's successor may be the ring's first mk2 key: the same release (0.2.0) reads both
         note = None if key.revoked else refuse_unreadable(audit, ring, [KEY_STATE_REVOKED], now, force=force, what=OP)
         est = estimate(audit, ring, kid, now) if not key.revoked else None
         if est is not None and not yes:  # what it would break now, then ask
@@ -115,7 +120,7 @@ def revoke(
             return result
 
         result = apply_change(store, OP, transform, listeners=change_listeners())
-        state = None
+        state: Applied | None = None
         if seconds is not None and result.changed:
             if audit is None:
                 error("--wait: no audit store for this key ring, so no presence to wait on; not waited")
@@ -124,9 +129,26 @@ def revoke(
         _print(result, est, note, state, json_)
         if state is not None and not state.done:
             raise typer.Exit(75)
+    except AuditUnavailable as exc:
+        if result is not None:  # saved: only the wait could not read presence
+            raise
+        raise _without_audit(exc, kid) from None
     finally:
         if audit is not None:
             audit.close()
+
+
+def _without_audit(exc: Exception, kid: str) -> Exception:
+    """The audit store cannot be reached before the write (nothing written, exit 75): say so, and how to revoke
+    without it in an emergency, which loses the estimate, the fleet check and the audit record (the ring still
+    records who revoked the key, when and why)."""
+    from mrtr_keys.errors import AuditUnavailable
+
+    return AuditUnavailable(
+        f"{exc}; nothing written (keys revoke reads the audit store for its estimate and fleet check, and records "
+        f"the change there). To revoke without it, with no estimate, fleet check or audit record: "
+        f"mrtr-keys --audit off keys revoke {kid} --reason TEXT --yes"
+    )
 
 
 def _who() -> str:

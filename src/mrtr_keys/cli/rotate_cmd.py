@@ -52,7 +52,7 @@ WaitOpt = Annotated[
 def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     """Say the phase in one sentence, the keys involved, the next step and everything it waits for, and how much
     of its seal budget the primary has used fleet-wide."""
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.changes.rotation import status as rotation_status
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import print_fields, print_json, print_line
@@ -156,7 +156,7 @@ def _not_due(store: Any, if_older_than: str | None, if_used_over: str | None) ->
         ConfigError: ``--if-used-over`` alone and no presence store to count seals in (the CronJob would never
             rotate by use: say so, exit 2); with ``--if-older-than`` too, the age alone decides and one line says so.
     """
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.changes.budget import not_due, parse_fraction
     from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.cli.options import root_audit

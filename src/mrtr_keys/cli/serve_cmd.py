@@ -208,8 +208,8 @@ def serve(
         allow_core_dumps=allow_core_dumps or None,
     )
     if (settings.audit_retention or settings.audit_anchor) and settings.audit_factory is None:
-        from mrtr_keys.audit.retention import check_store
-        from mrtr_keys.audit.stores.url import resolve_url
+        from mrtr_keys.audit.retention.loop import check_store
+        from mrtr_keys.audit.writing.stores.url import resolve_url
 
         url = resolve_url(settings.audit, ".")  # "." stands for the ring's directory: its default is SQLite
         if settings.audit_retention:

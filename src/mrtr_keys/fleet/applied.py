@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from mrtr_keys.audit.stores.base import AuditStore
+from mrtr_keys.audit.writing.stores.base import AuditStore
 from mrtr_keys.fleet.gates import live_instances
 from mrtr_keys.fleet.instances import InstanceRecord
 from mrtr_keys.ring.model import KeyRing, utcnow

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
-from mrtr_keys.audit.stores.base import AuditStore
+from mrtr_keys.audit.writing.stores.base import AuditStore
 from mrtr_keys.errors import NotYet
 from mrtr_keys.fleet.gates import live_instances
 from mrtr_keys.fleet.instances import InstanceRecord
@@ -121,7 +121,7 @@ def readers_check_for(
     Raises:
         ConfigError: a bad store URL; AuditError: the store cannot be opened.
     """
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
 
     store = existing_store(keystore, audit=audit)
     if store is None:

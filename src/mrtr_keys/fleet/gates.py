@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from mrtr_keys.audit.events import format_dt, parse_event_time
-from mrtr_keys.audit.stores.base import AuditStore, Query
+from mrtr_keys.audit.writing.stores.base import AuditStore, Query
 from mrtr_keys.errors import NotYet
 from mrtr_keys.fleet.presence import LIVE, InstanceRecord, read_instances
 from mrtr_keys.ring.model import KeyRing
@@ -255,7 +255,7 @@ def rotation_gate_for(
     Raises:
         ConfigError: a bad store URL; AuditError: the store cannot be opened.
     """
-    from mrtr_keys.audit.stores.url import existing_store
+    from mrtr_keys.audit.writing.stores.url import existing_store
 
     store = existing_store(keystore, audit=audit)
     return None if store is None else rotation_gate(store, window=window)

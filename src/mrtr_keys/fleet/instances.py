@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import parse_event_time
-from mrtr_keys.audit.stores.base import INSTANCE_COLUMNS
+from mrtr_keys.audit.writing.stores.base import INSTANCE_COLUMNS
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores.watch import STUCK_NOTE
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.audit.writing.stores.base import AuditStore
 
 ENV_INSTANCE = "MRTR_KEYS_INSTANCE"
 DEFAULT_HEARTBEAT = 10.0

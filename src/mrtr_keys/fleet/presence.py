@@ -4,7 +4,7 @@ An instance (a process serving tokens: an MCP server using a codec from
 `mrtr_keys.request_state_security`, or a sidecar) has a name: ``instance=`` / ``--instance`` /
 ``MRTR_KEYS_INSTANCE``, default ``host:pid`` (in Kubernetes, the pod name through the downward
 API). It writes a heartbeat every `DEFAULT_HEARTBEAT` seconds into the audit store's presence table
-(`mrtr_keys.audit.stores.base.INSTANCE_COLUMNS`: generation loaded, primary kid, codec type, package
+(`mrtr_keys.audit.writing.stores.base.INSTANCE_COLUMNS`: generation loaded, primary kid, codec type, package
 version, ...), one row a name replaced each time; at once when it starts and whenever it loads a new
 generation; and a ``stopped`` row on a clean shutdown (SIGTERM, interpreter exit, or when every codec
 it reported on is gone).
@@ -57,7 +57,7 @@ from mrtr_keys.keystores.watch import STUCK_NOTE
 from mrtr_keys.version import __version__
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.audit.writing.stores.base import AuditStore
     from mrtr_keys.keystores.watch import RingWatcher
 
 log = logging.getLogger("mrtr_keys.presence")

@@ -3,7 +3,7 @@
 A round of the MCP protocol's multi-round flow (``InputRequiredResult`` -> retry) carries a token sealed
 under the primary; once the key is revoked every instance refuses that token, so the round fails and its
 client has to start over. The audit log knows those rounds: every ``seal ok`` event of the kid within the
-ring's TTL (an older token has expired anyway) whose fingerprint (`mrtr_keys.audit.fingerprint`: the
+ring's TTL (an older token has expired anyway) whose fingerprint (`mrtr_keys.audit.writing.fingerprint`: the
 same for the seal and every unseal of one token) has no ``unseal ok`` event yet. ``mrtr-keys keys revoke``
 prints their number, by audience and instance, before it writes (`estimate`).
 
@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mrtr_keys.audit.events import OK, format_dt
-from mrtr_keys.audit.stores.base import AuditStore, Query
+from mrtr_keys.audit.writing.stores.base import AuditStore, Query
 from mrtr_keys.fleet.instances import read_instances
 from mrtr_keys.ring.model import KeyRing
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from mrtr_keys.audit.events import format_dt, parse_event_time
-from mrtr_keys.audit.stores.base import AuditStore, Query
+from mrtr_keys.audit.writing.stores.base import AuditStore, Query
 
 
 def last_seal_by_earlier_instances(store: AuditStore, requested_at: datetime, old_ttl: float) -> datetime | None:

@@ -2,7 +2,7 @@
 
 Every instance counts its seals, unseals and rejections per kid in memory (`mrtr_keys.codecs.usage`; one C
 call a token). Its `UsageReporter`, a background thread beside the presence heartbeat, writes them to the
-presence store's ``key_usage`` table (`mrtr_keys.audit.stores.key_usage`), one row a kid and process. For a kid
+presence store's ``key_usage`` table (`mrtr_keys.audit.writing.stores.key_usage`), one row a kid and process. For a kid
 the instance seals with (the primary, and the key a rotation has begun), the row's ``seals`` is a
 **reservation**: the seals counted plus a block reserved ahead, written before the block is used (the reporter
 is woken when half of it is gone, `KidTally.mark`, and reserves the next). So a process killed with SIGKILL
@@ -11,6 +11,12 @@ leaves at most its last block unused but counted, never a seal uncounted; a bloc
 so reservations alone never carry a key past a threshold. A kid the process no longer seals with (after a
 promote) is written back to its exact count once it stops sealing; a clean stop writes every count exact and
 folds the rows into the kid's settled row.
+
+A live process writes its rows again at least every `REFRESH` seconds, unchanged or not, so a quiet one never
+looks silent to a settle (which would fold its counts into the settled row while it still reports them: counted
+twice once it writes again). After `REFRESH` seconds without a successful round (an outage, a pause) it first
+reads its own rows: those another reporter settled meanwhile are already counted, so it reports only what came
+after (`_Kid.base`).
 
 Limits (docs/rotation.md, "Rotating by use"): seals past the reservation while the store cannot be written (an
 outage: sealing never waits for it) are counted in memory and written when it answers again; a process killed
@@ -34,14 +40,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.audit.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
+from mrtr_keys.audit.writing.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
 from mrtr_keys.codecs.usage import NEVER, KidTally, enabled, over_budget, usage_for
 from mrtr_keys.errors import AuditError
 from mrtr_keys.ring.budgets import WARN_AT, block_of, budget_of
 from mrtr_keys.ring.model import KeyRing, KeyState
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.stores.base import AuditStore
+    from mrtr_keys.audit.writing.stores.base import AuditStore
 
 log = logging.getLogger("mrtr_keys.usage")
 
@@ -49,12 +55,18 @@ DEFAULT_EVERY = 1.0
 """Seconds between two rounds when nothing wakes the reporter sooner."""
 HORIZON = 5.0
 """Seconds of the observed seal rate a reservation block covers (then capped at 1 % of the budget)."""
-MIN_BLOCK = 100
-"""Smallest reservation block, in seals (unless 1 % of the budget is smaller)."""
+MIN_BLOCK = 10_000
+"""Smallest reservation block, in seals (unless 1 % of the budget is smaller). The first block is reserved before
+the rate is known, and the next one is written once half of it is spent: half must outlast a store round trip
+under load at a busy sidecar's rate (20,000 seals a second: 0.25 s), or a burst at start-up would seal past the
+reservation before it is renewed, and a SIGKILL then would lose those seals. (It was 100: 2.5 ms at that rate;
+a library codec sealing in a tight loop over PostgreSQL outran it by 2,149 to 12,728 seals.)"""
 SETTLE_AFTER = 3600.0
 """Seconds after which the rows of a silent source (a killed process) are folded into the settled row."""
 SETTLE_EVERY = 600.0
 """Seconds between two settles of silent sources by one reporter."""
+REFRESH = SETTLE_AFTER / 4
+"""Seconds after which a row is written again although unchanged, so a live source never looks silent."""
 
 RingSource = Callable[[], "KeyRing | None"]
 """Returns the ring a codec (or the sidecar) has loaded now, or None once it is gone."""
@@ -73,7 +85,11 @@ class _Kid:
     rate: float = 0.0
     """Seals a second, smoothed over the rounds."""
     written: tuple[int, int, int, int] | None = None
-    """(seals, sealed, unseals, rejections) as last written."""
+    """(seals, sealed, unseals, rejections) as last written (what the store holds for our source)."""
+    written_at: float = 0.0
+    """`UsageReporter` clock time of that write."""
+    base: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """The counts of ours that a settle folded into the settled row while we lived: our row holds the rest."""
 
 
 class UsageReporter:
@@ -168,8 +184,11 @@ class UsageReporter:
         with self._lock:
             rings = self.rings()
             settle = not final and time.monotonic() - self._settled_at >= SETTLE_EVERY
+            away = self.last_success is not None and self._clock() - self.last_success >= REFRESH
             try:
                 for ring in rings:
+                    if away:
+                        self._rebase(ring)
                     self._round(ring, final=final)
                     if final:
                         self.store.settle_usage(ring.ring_id, source=self.source)
@@ -192,7 +211,8 @@ class UsageReporter:
             self._listening.add(ring.ring_id)
             usage.listen(self.wake)
         sealers = _sealers(ring)
-        now, mono = format_ts(self._clock()), time.monotonic()
+        clock = self._clock()
+        now, mono = format_ts(clock), time.monotonic()
         rows: list[UsageRow] = []
         marks: list[tuple[KidTally, int]] = []
         for tally in usage.tallies():
@@ -216,19 +236,23 @@ class UsageReporter:
                 mark = seals - block // 2 + 1
             elif not final and not quiet:  # no longer a sealer but still sealing (in flight): keep what it has
                 seals = max(st.reserved, sealed)
-            values = (seals, sealed, unseals, rejections)
-            if values != st.written and (st.written is not None or any(values)):  # a row to write, or to correct
+            b_seals, b_sealed, b_unseals, b_rejections = st.base  # what the settled row already holds of ours
+            part = (
+                max(seals - b_seals, sealed - b_sealed),
+                sealed - b_sealed,
+                unseals - b_unseals,
+                rejections - b_rejections,
+            )
+            stale = st.written is not None and clock - st.written_at >= REFRESH  # unchanged, but must not look silent
+            if (part != st.written or stale) and (st.written is not None or any(part)):  # write, correct or refresh
                 rows.append(
                     UsageRow(
                         ring.ring_id,
                         kid,
                         self.source,
                         self.instance,
-                        seals,
-                        sealed,
-                        unseals,
-                        rejections,
-                        seals - sealed,
+                        *part,
+                        part[0] - part[1],
                         now,
                         STOPPED if final else RUNNING,
                     )
@@ -243,11 +267,21 @@ class UsageReporter:
             raise
         for row in rows:
             st = self._kids[(ring.ring_id, row.kid)]
-            st.reserved, st.written = row.seals, (row.seals, row.sealed, row.unseals, row.rejections)
+            st.reserved = row.seals + st.base[0]
+            st.written, st.written_at = (row.seals, row.sealed, row.unseals, row.rejections), clock
         for tally, mark in marks:
             tally.mark = mark
         self.totals[ring.ring_id] = totals(self.store.usage_rows(ring.ring_id))
         self._judge(ring)
+
+    def _rebase(self, ring: KeyRing) -> None:
+        """After `REFRESH` seconds without a successful round: a row of ours that is gone was settled by another
+        reporter meanwhile, its counts folded into the settled row; count on from them (`_Kid.base`)."""
+        ours = {r.kid for r in self.store.usage_rows(ring.ring_id) if r.source == self.source}
+        for (ring_id, kid), st in self._kids.items():
+            if ring_id == ring.ring_id and st.written is not None and kid not in ours:
+                st.base = tuple(b + w for b, w in zip(st.base, st.written, strict=True))  # type: ignore[assignment]
+                st.written = None
 
     def _judge(self, ring: KeyRing) -> None:
         """Warn once at `WARN_AT` of a usable key's budget and once past it; keep `over_budget` current."""

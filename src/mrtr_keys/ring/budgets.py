@@ -44,12 +44,17 @@ def default_budget(key: Key) -> int:
 
 
 def budget_of(ring: KeyRing, key: Key) -> int:
-    """`key`'s seal budget: its own, else the ring's ``seal_budget``, else its format's default."""
+    """`key`'s seal budget: its own, else the ring's ``seal_budget``, else its format's default; never above its
+    format's limit (`limit_of`). ``keys budget`` refuses more for the keys a ring holds, but the ring's budget
+    also applies to keys made later, whose format may differ (an ``mk2`` ring's 2^40 and a ``rotate begin
+    --key-format mk1``), and a ring file may be edited by hand."""
     if key.budget is not None:
-        return key.budget
-    if ring.seal_budget is not None:
-        return ring.seal_budget
-    return default_budget(key)
+        budget = key.budget
+    elif ring.seal_budget is not None:
+        budget = ring.seal_budget
+    else:
+        return default_budget(key)
+    return min(budget, limit_of(key))
 
 
 def block_of(budget: int) -> int:

@@ -40,7 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
-from mrtr_keys.audit.service_sink import sidecar_audit
+from mrtr_keys.audit.capture.service_sink import sidecar_audit
 from mrtr_keys.codecs.pin import RingPin
 from mrtr_keys.errors import ConfigError
 from mrtr_keys.keystores import Keystore, open_keystore

@@ -123,11 +123,11 @@ class ServiceConfig:
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     audit_retention: str | None = None
     """Keep this much of the audit log (a duration, ``30d``) and prune the rest by itself
-    (`mrtr_keys.audit.retention`); None: off."""
+    (`mrtr_keys.audit.retention.loop`); None: off."""
     audit_retention_interval: float = 3600.0
     audit_anchor: str | None = None
     """Where the heads of this sidecar's chains are anchored (a file, a directory, ``s3://BUCKET/PREFIX``;
-    `mrtr_keys.audit.anchor`); None: off."""
+    `mrtr_keys.audit.verifying.anchor`); None: off."""
     audit_anchor_every: float = 300.0
     lease: float | None = None
     """Seconds a successful keystore check lets the sidecar serve without another (`mrtr_keys.codecs.fence`);
@@ -200,17 +200,17 @@ class ServiceConfig:
         if self.log_format not in (None, "text", "json"):
             raise ConfigError("log_format must be text or json")
         if self.audit_retention is not None:
-            from mrtr_keys.audit.retention import check_keep
+            from mrtr_keys.audit.retention.loop import check_keep
 
             object.__setattr__(self, "audit_retention", check_keep(self.audit_retention))
         i = self.audit_retention_interval
         if not (isinstance(i, int | float) and not isinstance(i, bool) and 0.05 <= i <= 7 * 86400):
             raise ConfigError("audit_retention_interval must be a number of seconds from 0.05 to 604800")
-        from mrtr_keys.audit import anchor
+        from mrtr_keys.audit.verifying import anchor
 
         object.__setattr__(self, "audit_anchor_every", anchor.check_every(self.audit_anchor_every))
         if self.audit_anchor is not None:
-            from mrtr_keys.audit.ledger import open_ledger
+            from mrtr_keys.audit.verifying.ledger import open_ledger
 
             if not isinstance(self.audit_anchor, str):
                 raise ConfigError("audit_anchor must be a file, a directory or s3://BUCKET/PREFIX")

@@ -271,7 +271,7 @@ class _WatcherCollector(Collector):
 
 
 class _RetentionCollector(Collector):
-    """Reads the sidecar's `mrtr_keys.audit.retention.Retention` at scrape time."""
+    """Reads the sidecar's `mrtr_keys.audit.retention.loop.Retention` at scrape time."""
 
     def __init__(self, retention: Any) -> None:
         self._retention = retention
@@ -291,7 +291,7 @@ class _RetentionCollector(Collector):
 
 
 class _AnchorCollector(Collector):
-    """Reads the sidecar's `mrtr_keys.audit.anchor.Anchorer` at scrape time."""
+    """Reads the sidecar's `mrtr_keys.audit.verifying.anchor.Anchorer` at scrape time."""
 
     def __init__(self, anchor: Any) -> None:
         self._anchor = anchor

@@ -27,8 +27,8 @@ from mrtr_keys.service.outcomes import AuditSink, Rejected, Result, dump
 from mrtr_keys.service.reload import PROBE_AUDIENCE, RingState
 
 if TYPE_CHECKING:
-    from mrtr_keys.audit.anchor import Anchorer
-    from mrtr_keys.audit.retention import Retention
+    from mrtr_keys.audit.retention.loop import Retention
+    from mrtr_keys.audit.verifying.anchor import Anchorer
     from mrtr_keys.codecs.fence import Fence
     from mrtr_keys.fleet.presence import Presence
     from mrtr_keys.fleet.usage import UsageReporter

@@ -329,7 +329,7 @@ class Keeper:
                 core.retention.start()
             sink = getattr(core.audit, "sink", None)
             if config.audit_anchor and sink is not None:
-                from mrtr_keys.audit.anchor import anchor_sink
+                from mrtr_keys.audit.verifying.anchor import anchor_sink
 
                 core.anchor = anchor_sink(sink, config.audit_anchor, config.audit_anchor_every)
                 core.metrics.watch_anchor(core.anchor)
@@ -347,15 +347,15 @@ class Keeper:
 
 
 def sidecar_retention(url: str, state: RingState, config: Any, audit: Any = None) -> Any:
-    """The sidecar's `mrtr_keys.audit.retention.Retention` over the audit store `url`: cuts go to
+    """The sidecar's `mrtr_keys.audit.retention.loop.Retention` over the audit store `url`: cuts go to
     ``MRTR_KEYS_AUDIT_CHECKPOINTS``, else ``audit-checkpoints.jsonl`` in the ring's state directory
     (where ``audit prune`` and ``audit verify`` look by default); keyed links are checked with the
-    audit key of the sidecar's sink `audit` (`mrtr_keys.audit.service_sink.SidecarAudit`) and the
+    audit key of the sidecar's sink `audit` (`mrtr_keys.audit.capture.service_sink.SidecarAudit`) and the
     retired ones (``MRTR_KEYS_AUDIT_OLD_KEY_FILES``)."""
     import os
 
-    from mrtr_keys.audit.chain_key import ChainKey, old_audit_keys
-    from mrtr_keys.audit.retention import Retention
+    from mrtr_keys.audit.retention.loop import Retention
+    from mrtr_keys.audit.writing.chain_key import ChainKey, old_audit_keys
 
     sink = getattr(audit, "sink", None)
     keys = [sink.chain_key, *(ChainKey(k) for k in old_audit_keys())] if sink is not None else []

@@ -29,6 +29,13 @@ _UNAVAILABLE_CODES = frozenset(
         "ServiceUnavailableException",
         "RequestTimeout",
         "RequestTimeoutException",
+        # the caller's own credentials or clock, not the key: temporary credentials that could not be refreshed
+        # (an STS or instance-metadata outage) and a skewed clock. The wrapping key's check must not read them
+        # as a revocation (`mrtr_keys.codecs.kek`): the fleet would fail closed on an STS blip.
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
+        "InvalidSignatureException",
     }
 )
 

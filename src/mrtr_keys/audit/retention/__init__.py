@@ -1,0 +1,1 @@
+"""Retention: prune, archive and their destinations, and the sidecar's own retention loop."""
