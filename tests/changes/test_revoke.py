@@ -19,7 +19,7 @@ from mrtr_keys.changes.lifecycle import destroy
 from mrtr_keys.changes.revoke import revoke
 from mrtr_keys.changes.rotation import Phase, status, transition
 from mrtr_keys.codecs.local import LocalAESGCMCodec
-from mrtr_keys.errors import ConfigError, KeyRingError, UnknownKid
+from mrtr_keys.errors import ConfigError, KeyRingError, RotationError, UnknownKid
 from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.document import parse_ring
 from mrtr_keys.ring.model import KeyFormat, KeyRing, KeyState
@@ -184,3 +184,32 @@ def test_the_audit_record_is_a_ring_change_with_its_reason(tmp_path: Path) -> No
         2,
     )
     assert store.load().lookup(ring.primary.kid).state is KeyState.REVOKED  # type: ignore[union-attr]
+
+
+def test_a_retire_waiting_while_the_old_key_was_revoked_is_done_not_an_error() -> None:
+    """The pipeline's ``rotate next --wait`` resolved to retire and waits for the TTL; an operator revokes the old
+    key meanwhile. The retire's end (the old key out of use, the new one alone) holds, so the step reports done
+    and writes nothing, as after a retire; it exited 1 ("nothing to retire"), failing the pipeline's job
+    (issue 40's chaos run: three rotation jobs in ten minutes)."""
+    gens = rotate_through(fresh_ring())
+    old = gens.before_begin.primary.kid
+    after = _revoke(gens.after_promote, old)
+    done = transition("retire", after, LATER + timedelta(hours=1))
+    assert not done.changed and done.ring is after
+    assert done.message == f"already out of use: {old} was revoked; {after.primary.kid} is the only key in use"
+
+
+def test_a_promote_waiting_while_the_sealing_key_was_revoked_is_done_when_the_begun_key_took_over() -> None:
+    """Revoking the primary mid-rotation promotes the key the begin added (above): a promote waiting for the
+    fleet then finds its work done. Revoking the begun key instead ends the rotation: that promote is refused."""
+    begun = rotate_through(fresh_ring()).after_begin
+    new = status(begun, LATER).new
+    assert new is not None
+    took_over = _revoke(begun, begun.primary.kid)
+    done = transition("promote", took_over, LATER)
+    assert not done.changed and done.ring is took_over
+    assert done.message == (
+        f"already promoted: {new.kid} seals since {begun.primary.kid} was revoked; the rotation is complete"
+    )
+    with pytest.raises(RotationError, match="nothing to promote"):
+        transition("promote", _revoke(begun, new.kid), LATER)

@@ -157,6 +157,16 @@ def promote(ring: KeyRing, now: datetime) -> ChangeResult:
             details={"new": st.primary.kid, "old": st.old.kid},
         )
     if st.phase is Phase.IDLE:
+        replaced = _revoked_for(ring, ring.primary.promoted_at)
+        if replaced is not None:  # a revocation of the sealing key promoted the begun one: the promote's end holds
+            return ChangeResult(
+                "promote",
+                False,
+                ring,
+                f"already promoted: {ring.primary.kid} seals since {replaced.kid} was revoked; "
+                "the rotation is complete",
+                details={"new": ring.primary.kid, "old": replaced.kid},
+            )
         raise RotationError("no rotation has begun, so there is nothing to promote; run: mrtr-keys rotate begin")
     assert st.new is not None
     old, new = st.primary, st.new
@@ -204,6 +214,15 @@ def retire(ring: KeyRing, now: datetime, *, force: bool = False) -> ChangeResult
                 f"already retired: {last.kid}; {ring.primary.kid} is the only key in use",
                 details={"old": last.kid, "new": ring.primary.kid},
             )
+        revoked = _revoked_for(ring, ring.primary.promoted_at, since=True)
+        if revoked is not None:  # the old key was revoked since the promote: the retire's end holds
+            return ChangeResult(
+                "retire",
+                False,
+                ring,
+                f"already out of use: {revoked.kid} was revoked; {ring.primary.kid} is the only key in use",
+                details={"old": revoked.kid, "new": ring.primary.kid},
+            )
         raise RotationError("no rotation is in progress, so there is nothing to retire; run: mrtr-keys rotate begin")
     if st.phase is Phase.BEGUN:
         raise RotationError(
@@ -230,6 +249,22 @@ def retire(ring: KeyRing, now: datetime, *, force: bool = False) -> ChangeResult
             "in the last TTL are now rejected)"
         )
     return ChangeResult("retire", True, after, msg, forced=early, details={"old": st.old.kid, "new": ring.primary.kid})
+
+
+def _revoked_for(ring: KeyRing, at: datetime | None, *, since: bool = False) -> Key | None:
+    """The newest key revoked at `at` (the change that promoted the primary), or, with `since`, at or after
+    it; None if there is none. A rotation step a revocation has already made (`promote`, `retire`) is then
+    reported done, so a pipeline waiting on it (``rotate next --wait``) ends as after the step itself."""
+    if at is None:
+        return None
+    revoked = [
+        k
+        for k in ring.keys
+        if k.state is KeyState.REVOKED
+        and k.revoked_at is not None
+        and (k.revoked_at >= at if since else k.revoked_at == at)
+    ]
+    return max(revoked, key=lambda k: k.revoked_at or k.created_at, default=None)
 
 
 def _last_retired(ring: KeyRing) -> Key | None:
