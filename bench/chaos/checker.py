@@ -191,6 +191,19 @@ class Checker:
         evidence = f"reason {reason!r} (audit events {events!r}); client saw {r.detail}; sealed by {r.sealer}"
         self.report(r.t_open, f"{r.kind} round 2 rejected on {r.opener}", evidence, end=r.t1)
 
+    # ------------------------------------------------------------------ the rotator
+
+    def check_rotation(self, failures: list[Any]) -> None:
+        """Each rotation step that ended otherwise than done, waited out or beaten in a race is a violation,
+        but one: a promote refused because the key its rotation began was revoked while it waited (the
+        revocation ended that rotation; docs/rotation.md), counted in `rejections`."""
+        for step in failures:
+            revoked = any(step.began <= at <= step.ended for at, _ in self.revoked)
+            if step.code == 1 and revoked and "nothing to promote" in step.message:
+                self.rejections["a rotation ended by revoking its new key (the waiting promote refused)"] += 1
+                continue
+            self.report(step.began, f"rotate exited {step.code}", step.message, end=step.ended)
+
     # ------------------------------------------------------------------ readiness
 
     def check_readiness(self, samples: Samples, grace: float) -> collections.Counter[str]:

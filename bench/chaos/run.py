@@ -284,8 +284,7 @@ def _run(
     resource_rows, breaches = resources.judge(sampler.series, warmup=config.warmup, window=config.window)
     for b in breaches:
         checker.report(time.time(), "resource growth after the warm-up", b)
-    for step in rotator.failures:
-        checker.report(step.began, f"rotate exited {step.code}", step.message, end=step.ended)
+    checker.check_rotation(rotator.failures)
     r.timings["checks"] = round(time.time() - t0 - r.timings["faults"] - r.timings["ending"], 1)
     doc = report.build(
         config=config,
