@@ -221,6 +221,44 @@ def test_counts_settled_while_a_process_was_cut_off_are_not_counted_twice(fleet:
     assert (t.sealed, t.unseals) == (31, 31) and t.seals >= 31
 
 
+def test_one_process_counts_each_seal_once_whatever_its_presence_names_and_codecs(tmp_path: Path) -> None:
+    """The tallies are the process's: two presence names in one process (two MCP servers of one app) report them
+    through one reporter, and a codec closed and opened again counts on from what the first one reported. Each
+    had reported the process's whole count again (40 for 20 sealed; then 65 for 25)."""
+    from mrtr_keys.factory import request_state_security
+
+    keystore = FileKeystore(tmp_path / "keyring.json")
+    create_ring(keystore)
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+
+    def codec(audience: str, name: str) -> Any:
+        return request_state_security(keystore, audience=audience, audit=url, instance=name, reload_every=0).codec
+
+    a, b = codec("billing", "web-a"), codec("payments", "web-b")
+    kid = a.ring.primary.kid
+    try:
+        for _ in range(10):
+            a.unseal(a.seal(b"x"))
+            b.seal(b"y")
+        assert all(c.presence.usage().run_round() for c in (a, b))  # each presence's counts written
+        t = totals(a.presence.store.usage_rows(a.ring.ring_id))[kid]
+        assert (t.sealed, t.unseals) == (20, 10)
+    finally:
+        a.presence.stop()
+        b.presence.stop()
+    again = codec("billing", "web-c")
+    try:
+        for _ in range(5):
+            again.seal(b"z")
+        assert again.presence.usage().run_round()
+        t = totals(again.presence.store.usage_rows(again.ring.ring_id))[kid]
+        assert (t.sealed, t.unseals) == (25, 10) and 25 <= t.seals <= 25 + t.blocks
+    finally:
+        again.presence.stop()
+    t = totals(again.presence.store.usage_rows(again.ring.ring_id))[kid]
+    assert (t.seals, t.sealed, t.unseals, t.blocks) == (25, 25, 10, 0)
+
+
 def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

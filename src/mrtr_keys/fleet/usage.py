@@ -18,6 +18,10 @@ twice once it writes again). After `REFRESH` seconds without a successful round 
 reads its own rows: those another reporter settled meanwhile are already counted, so it reports only what came
 after (`_Kid.base`).
 
+The tallies are the process's, so one reporter a store reports them (`reporter_for`: presences of several
+names in one process share it), and a reporter that stopped leaves what it reported to the next one of the
+process (`_handed`), which counts on from there: a codec closed and opened again is not counted twice.
+
 Limits (docs/rotation.md, "Rotating by use"): seals past the reservation while the store cannot be written (an
 outage: sealing never waits for it) are counted in memory and written when it answers again; a process killed
 during such an outage loses those. Unseal and rejection counts are written as they stand each round (a kill
@@ -69,6 +73,14 @@ SETTLE_EVERY = 600.0
 REFRESH = SETTLE_AFTER / 4
 """Seconds after which a row is written again although unchanged, so a live source never looks silent."""
 
+_Counts = tuple[int, int, int, int]
+_handed: dict[tuple[str, str, str], _Counts] = {}
+"""(store URL, ring_id, kid) -> the counts of this process a stopped reporter left in that store (its `_Kid.base`
+plus what it wrote): where the next reporter of the process into that store counts on from."""
+_shared: dict[str, tuple[UsageReporter, int]] = {}
+"""Store URL -> this process's reporter into it and how many presences use it (`reporter_for`)."""
+_shared_lock = threading.Lock()
+
 RingSource = Callable[[], "KeyRing | None"]
 """Returns the ring a codec (or the sidecar) has loaded now, or None once it is gone."""
 
@@ -89,7 +101,7 @@ class _Kid:
     """(seals, sealed, unseals, rejections) as last written (what the store holds for our source)."""
     written_at: float = 0.0
     """`UsageReporter` clock time of that write."""
-    base: tuple[int, int, int, int] = (0, 0, 0, 0)
+    base: _Counts = (0, 0, 0, 0)
     """The counts of ours that a settle folded into the settled row while we lived: our row holds the rest."""
 
 
@@ -218,7 +230,11 @@ class UsageReporter:
         marks: list[tuple[KidTally, int]] = []
         for tally in usage.tallies():
             kid = tally.kid
-            st = self._kids.setdefault((ring.ring_id, kid), _Kid())
+            st = self._kids.get((ring.ring_id, kid))
+            if st is None:  # counted on from what an earlier reporter of this process left in this store
+                st = self._kids[(ring.ring_id, kid)] = _Kid(
+                    base=_handed.get((self.store.url, ring.ring_id, kid), _NONE)
+                )
             sealed, unseals, rejections = tally.seals, tally.unseals, tally.rejections
             key = ring.lookup(kid)
             if mono > st.at:
@@ -320,11 +336,43 @@ class UsageReporter:
             self.stopped = True
             self._wake.set()
             self.run_round(final=True)
+            for (ring_id, kid), st in self._kids.items():  # what the store holds of ours, for the next reporter
+                if st.written is not None:
+                    counts = tuple(b + w for b, w in zip(st.base, st.written, strict=True))
+                    _handed[(self.store.url, ring_id, kid)] = counts  # type: ignore[assignment]
             for ring_id in self._listening:
                 usage_for(ring_id).unlisten(self.wake)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(3.0)
+
+
+_NONE: _Counts = (0, 0, 0, 0)
+
+
+def reporter_for(store: AuditStore, *, instance: str) -> UsageReporter:
+    """This process's (started) reporter into `store`, shared by every presence that asks (one more user each
+    call; `release` when done): two reporters of one process would each report its tallies."""
+    with _shared_lock:
+        reporter, users = _shared.get(store.url, (None, 0))
+        if reporter is None or reporter.stopped:
+            reporter, users = UsageReporter(store, instance=instance), 0
+        _shared[store.url] = (reporter, users + 1)
+    if enabled():
+        reporter.start()
+    return reporter
+
+
+def release(reporter: UsageReporter) -> None:
+    """One user of `reporter_for`'s reporter fewer; the last one stops it (its final counts)."""
+    with _shared_lock:
+        current, users = _shared.get(reporter.store.url, (None, 0))
+        if current is reporter:
+            if users > 1:
+                _shared[reporter.store.url] = (reporter, users - 1)
+                return
+            del _shared[reporter.store.url]
+    reporter.stop()
 
 
 def _sealers(ring: KeyRing) -> set[str]:
