@@ -101,10 +101,11 @@ def inprocess(n: int, directory: Path) -> dict[str, float]:
 
 
 def writer(n: int, directory: Path) -> dict[str, float]:
-    item = _attr(("mrtr_keys.audit.capture.items",), "AuditItem")
-    fingerprinter = _attr(("mrtr_keys.audit.writing.fingerprint",), "Fingerprinter")
-    sink_class = _attr(("mrtr_keys.audit.capture.sink",), "AuditSink")
-    open_store = _attr(("mrtr_keys.audit.writing.stores.url",), "open_store")
+    # each where issue 38's move put it, then where 95b81a7 (the table's commit) has it
+    item = _attr(("mrtr_keys.audit.capture.items", "mrtr_keys.audit.items"), "AuditItem")
+    fingerprinter = _attr(("mrtr_keys.audit.writing.fingerprint", "mrtr_keys.audit.fingerprint"), "Fingerprinter")
+    sink_class = _attr(("mrtr_keys.audit.capture.sink", "mrtr_keys.audit.sink"), "AuditSink")
+    open_store = _attr(("mrtr_keys.audit.writing.stores.url", "mrtr_keys.audit.stores.url"), "open_store")
     local = _attr(("mrtr_keys.codecs.local",), "LocalAESGCMCodec")
     codec = local(_ring(directory / "writer-ring"), audience=AUDIENCE)
     now = time.time()

@@ -182,6 +182,8 @@ class Checker:
             why = BY_DESIGN[reason] if any(k == kid and at <= r.t1 for at, k in self.revoked) else None
         elif reason is None and self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK):
             why = BY_DESIGN["replay store unavailable"] + ", no event stored"
+        elif reason is None and any(k == token_kid(r.token) and at <= r.t1 for at, k in self.revoked):
+            why = BY_DESIGN["revoked kid"] + ", no event stored"  # the token names its kid: revoked by then
         if why is not None:
             self.rejections[why] += 1
             return
@@ -342,6 +344,17 @@ HELD_SLACK = 0.5
 nemesis's record of it are not one instant)."""
 STARTING = 15.0
 """Seconds after its start a process is not judged by the readiness rules (its audit writer is starting)."""
+
+
+def token_kid(token: str) -> str | None:
+    """The kid a token names (``PREFIX.`` then base64url of kid || body, docs/token-format.md), or None."""
+    from mrtr_keys.token import MalformedToken, unpack
+
+    prefix, dot, _ = token.partition(".")
+    try:
+        return unpack(prefix + dot, token)[0].hex() if dot else None
+    except (MalformedToken, ValueError):
+        return None
 
 
 def _fenced(doc: dict[str, Any]) -> bool:

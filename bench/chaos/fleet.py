@@ -286,7 +286,8 @@ def link_env(deps: Deps, links: dict[str, CountingProxy], state_dir: Path) -> di
     return env
 
 
-def mcp_member(
+def member(
+    kind: str,
     name: str,
     ring: str,
     deps: Deps,
@@ -297,39 +298,25 @@ def mcp_member(
     ttl: float,
     anchors: tuple[Path, float],
 ) -> Member:
-    """A library MCP server (`bench.chaos.mcp_server`, rounds valid `ttl` s, audit heads anchored to the
-    directory `anchors[0]` every `anchors[1]` s) on a free port, not started."""
+    """An instance on a free port, not started: a library MCP server (`kind` ``mcp``: `bench.chaos.mcp_server`,
+    rounds valid `ttl` s) or a sidecar (``sidecar``: ``mrtr-keys serve``), single-use for every round, checking
+    the keystore every `RELOAD` s, beating every `HEARTBEAT` s, its audit heads anchored to the directory
+    `anchors[0]` every `anchors[1]` s."""
     port = free_port()
     env = link_env(deps, links, state)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [sys.executable, "-m", "bench.chaos.mcp_server", "--keystore", ring, "--audience", AUDIENCE]
-    argv += ["--port", str(port), "--instance", name, "--ttl", f"{ttl:g}", "--reload-every", str(RELOAD)]
-    argv += ["--heartbeat-every", str(HEARTBEAT), "--single-use", through(deps.redis_url, links["replay"])]
+    replay = through(deps.redis_url, links["replay"])
+    if kind == "mcp":
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        argv = [sys.executable, "-m", "bench.chaos.mcp_server", "--keystore", ring, "--audience", AUDIENCE]
+        argv += ["--port", str(port), "--instance", name, "--ttl", f"{ttl:g}", "--reload-every", str(RELOAD)]
+        argv += ["--heartbeat-every", str(HEARTBEAT), "--single-use", replay]
+    else:
+        env["MRTR_KEYS_REPLAY_STORE"] = replay
+        argv = [sys.executable, "-m", "mrtr_keys.cli.main", "serve", "--keystore", ring, "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--instance", name, "--heartbeat-interval", str(HEARTBEAT)]
+        argv += ["--reload-interval", str(RELOAD), "--on-replay-store-error", "deny"]
     argv += ["--audit-anchor", str(anchors[0]), "--audit-anchor-every", f"{anchors[1]:g}"]
-    return Member(name, "mcp", argv, env, port, logs, links)
-
-
-def sidecar_member(
-    name: str,
-    ring: str,
-    deps: Deps,
-    links: dict[str, CountingProxy],
-    state: Path,
-    logs: Path,
-    *,
-    ttl: float,
-    anchors: tuple[Path, float],
-) -> Member:
-    """A sidecar (``mrtr-keys serve``) single-use for every unseal, its audit heads anchored as `mcp_member`'s,
-    on a free port, not started."""
-    port = free_port()
-    env = link_env(deps, links, state)
-    env["MRTR_KEYS_REPLAY_STORE"] = through(deps.redis_url, links["replay"])
-    argv = [sys.executable, "-m", "mrtr_keys.cli.main", "serve", "--keystore", ring, "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--instance", name, "--heartbeat-interval", str(HEARTBEAT)]
-    argv += ["--reload-interval", str(RELOAD), "--on-replay-store-error", "deny"]
-    argv += ["--audit-anchor", str(anchors[0]), "--audit-anchor-every", f"{anchors[1]:g}"]
-    return Member(name, "sidecar", argv, env, port, logs, links)
+    return Member(name, kind, argv, env, port, logs, links)
 
 
 def mount_state_dir(path: Path, size: str = "4m") -> bool:

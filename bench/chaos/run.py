@@ -147,9 +147,12 @@ def run(config: Config, deps: Deps, workdir: Path) -> dict[str, Any]:
         logs = workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for name in names:
-            make = fleet.mcp_member if name.startswith("mcp-") else fleet.sidecar_member
+            kind = "mcp" if name.startswith("mcp-") else "sidecar"
             anchors = (r.anchors, config.anchor_every)
-            r.members[name] = make(name, r.ring, deps, links.make(name), r.state, logs, ttl=config.ttl, anchors=anchors)
+            made = fleet.member(
+                kind, name, r.ring, deps, links.make(name), r.state, logs, ttl=config.ttl, anchors=anchors
+            )
+            r.members[name] = made
         threads = [threading.Thread(target=fleet.start, args=(m,)) for m in r.members.values()]
         for t in threads:
             t.start()

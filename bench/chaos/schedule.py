@@ -63,6 +63,8 @@ ALL = "all"
 RING_KINDS = ("ring_race", "revoke", "budget")
 """Faults on the key ring itself (`bench.chaos.ring_faults`), all at once."""
 INSTANT = ("writer_kill", *RING_KINDS)
+WHOLE = {"disk_full": "state", "anchor_fail": "anchors"}
+"""Faults on something the whole fleet shares, one at a time, 5-60 s: kind -> target."""
 
 
 @dataclass(frozen=True)
@@ -220,18 +222,13 @@ def _draw(rng: random.Random, kind: str, at: float, room: float, occ: _Occupancy
         return None
     if kind == "writer_kill":
         return Fault(round(at, 2), kind, rng.choice(instances))
-    if kind == "disk_full":
+    if kind in WHOLE:
+        target = WHOLE[kind]
         duration = min(rng.uniform(5.0, 60.0), room)
-        if not occ.free("disk/state", at, at + duration):
+        if not occ.free(f"{target}/all", at, at + duration):
             return None
-        occ.take("disk/state", at, at + duration)
-        return Fault(round(at, 2), kind, "state", round(duration, 2))
-    if kind == "anchor_fail":
-        duration = min(rng.uniform(5.0, 60.0), room)
-        if not occ.free("anchors/all", at, at + duration):
-            return None
-        occ.take("anchors/all", at, at + duration)
-        return Fault(round(at, 2), kind, "anchors", round(duration, 2))
+        occ.take(f"{target}/all", at, at + duration)
+        return Fault(round(at, 2), kind, target, round(duration, 2))
     if kind in RING_KINDS:
         return Fault(round(at, 2), kind, "ring")
     raise ValueError(f"unknown fault kind {kind!r}")

@@ -9,42 +9,22 @@ went from 5 open files to 12 and kept them (the replay store had been mended the
 from __future__ import annotations
 
 import gc
-import select
-import socket
-import threading
 import time
 
 import pytest
 
 from mrtr_keys.audit.writing.stores.postgres import PostgresStore
 from mrtr_keys.errors import AuditUnavailable
+from tests.support.net import closed_by_peer, silent_server
 
 
 def test_a_postgres_audit_connect_that_timed_out_leaves_no_socket_open() -> None:
-    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(silent.accept()[0])
-            except OSError:
-                return
-
-    def closed(sock: socket.socket) -> bool:
-        poller = select.poll()
-        poller.register(sock, select.POLLRDHUP | select.POLLHUP)
-        return bool(poller.poll(0))
-
-    threading.Thread(target=accept, daemon=True).start()
-    gc.disable()  # what is asserted must not depend on when a collection runs
-    try:
-        with pytest.raises(AuditUnavailable, match="cannot connect to the audit store"):
-            PostgresStore(f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db")
-        time.sleep(0.2)
-        assert len(held) == 1 and all(closed(s) for s in held)
-    finally:
-        gc.enable()
-        silent.close()
-        for s in held:
-            s.close()
+    with silent_server() as (port, held):  # accepts (the kernel's backlog) and never answers
+        gc.disable()  # what is asserted must not depend on when a collection runs
+        try:
+            with pytest.raises(AuditUnavailable, match="cannot connect to the audit store"):
+                PostgresStore(f"postgresql://u@127.0.0.1:{port}/db")
+            time.sleep(0.2)
+            assert len(held) == 1 and all(closed_by_peer(s) for s in held)
+        finally:
+            gc.enable()

@@ -113,3 +113,18 @@ def test_a_raw_sidecar_token_replayed_after_its_record_expired_is_counted_apart_
     checker.classify_rounds([late, early, enveloped], _index(None), _fp)
     assert [v.what for v in checker.violations] == ["a replayed token was accepted by mcp-2"] * 2
     assert checker.forger == {"replay accepted, no exp and its record expired (by design)": 1, "replay accepted": 2}
+
+
+def test_a_rejection_without_an_event_is_by_design_when_the_token_names_a_key_revoked_by_then() -> None:
+    """The opener killed before it stored the event: the token still names its kid (docs/token-format.md)."""
+    kid = "20234d80"
+    token = "mk1.ICNNgEJqIMsIqBFOkMwnvriZ4oJuMZuVZyP7lGwN-T3YzA"  # kid 20234d80
+    rejected = _round("rejected", "-32602 Invalid or expired requestState", token=token)
+    checker = _checker()
+    checker.revoked = [(T - 5, kid)]
+    checker.classify_rounds([rejected], _index(None), _fp)
+    assert checker.violations == [] and checker.rejections == {"a revoked key, no event stored": 1}
+    too_early = _checker()
+    too_early.revoked = [(T + 5, kid)]
+    too_early.classify_rounds([rejected], _index(None), _fp)
+    assert [v.what for v in too_early.violations] == ["mcp round 2 rejected on mcp-2"]

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp.server.mcpserver import InvalidRequestState
@@ -52,6 +53,19 @@ def _served(codec: object, n: int) -> float:
     return time.monotonic() - started
 
 
+def _behind_the_proxy(openbao: OpenBao, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """(the ring's keystore reached directly, a codec with lease `LEASE` reaching it through the proxy that
+    `bao_env` names, which has served two calls)."""
+    monkeypatch.setenv("MRTR_KEYS_STATE_DIR", str(tmp_path / "state"))
+    direct = VaultKVKeystore(
+        "secret", f"fence/{tmp_path.name}", client=VaultClient(VaultSettings(addr=openbao.addr, token=openbao.token))
+    )
+    create_ring(direct, audiences=(AUD,))
+    codec = mrtr_keys.open_codec(direct.url, audience=AUD, reload_every=60, lease=LEASE)
+    _served(codec, 2)
+    return direct, codec
+
+
 @pytest.mark.parametrize("outage", ["refused", "silent"])
 def test_a_keystore_out_of_reach_blocks_one_call_a_lease_for_at_most_its_deadline(
     outage: str,
@@ -63,14 +77,8 @@ def test_a_keystore_out_of_reach_blocks_one_call_a_lease_for_at_most_its_deadlin
 ) -> None:
     monkeypatch.setenv("BAO_CLIENT_TIMEOUT", "1")
     monkeypatch.setenv("BAO_MAX_RETRIES", "0")
-    monkeypatch.setenv("MRTR_KEYS_STATE_DIR", str(tmp_path / "state"))
-    direct = VaultKVKeystore(
-        "secret", f"fence/{tmp_path.name}", client=VaultClient(VaultSettings(addr=openbao.addr, token=openbao.token))
-    )
-    create_ring(direct, audiences=(AUD,))
-    codec = mrtr_keys.open_codec(direct.url, audience=AUD, reload_every=60, lease=LEASE)
+    _, codec = _behind_the_proxy(openbao, tmp_path, monkeypatch)
     fence = codec.fence  # type: ignore[attr-defined]
-    _served(codec, 2)
     bao_proxy.stop()
     with _silent(bao_proxy.port) if outage == "silent" else _nothing():
         time.sleep(LEASE + 0.1)
@@ -96,16 +104,10 @@ def test_with_the_clients_own_deadlines_a_silent_keystore_holds_a_call_at_most_t
     """The Vault client's defaults (10 s a request, two retries) are for a CLI run, not for a call an MCP server
     makes on its event loop: the fence waits for its keystore check at most `Fence.wait` (1 s), the check goes
     on in the background, and every call meanwhile is served fenced out at once. The unknown-kid look waits no
-    longer either (issue 40: a 60 s blackhole of OpenBao held every round of three MCP servers for 30 s a lease,
-    past the clients' 15 s deadline)."""
-    monkeypatch.setenv("MRTR_KEYS_STATE_DIR", str(tmp_path / "state"))
-    direct = VaultKVKeystore(
-        "secret", f"fence/{tmp_path.name}", client=VaultClient(VaultSettings(addr=openbao.addr, token=openbao.token))
-    )
-    create_ring(direct, audiences=(AUD,))
-    codec = mrtr_keys.open_codec(direct.url, audience=AUD, reload_every=60, lease=LEASE)
+    longer either (issue 40's chaos run: with OpenBao blackholed, three MCP servers held every round up to 30 s
+    a lease, past the clients' 15 s deadline)."""
+    direct, codec = _behind_the_proxy(openbao, tmp_path, monkeypatch)
     fence = codec.fence  # type: ignore[attr-defined]
-    _served(codec, 2)
     ahead = mrtr_keys.open_codec(direct, audience=AUD, reload_every=0)
     run_step(direct, "begin", force=True)
     run_step(direct, "promote", force=True)  # the codec behind the proxy never hears of the new key

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from mrtr_keys import replay
 from mrtr_keys.errors import ConfigError, ReplayStoreUnavailable
 from mrtr_keys.replay.store import KEY_BYTES
+from tests.support.net import closed_by_peer, silent_server
 from tests.support.proxy import CountingProxy
 
 
@@ -164,38 +164,19 @@ def test_the_postgres_purge_loop_recovers_after_an_outage(pg_replay_url: str) ->
             store.close()
 
 
-def _silent_server() -> tuple[socket.socket, list[socket.socket]]:
-    """A listener that accepts every connection and never answers; returns it and the connections it holds."""
-    silent = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(silent.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    return silent, held
-
-
 def test_a_redis_that_accepts_but_never_answers_is_an_outage_not_a_hang() -> None:
     """Reads are bounded by the kernel (SO_RCVTIMEO) on plain TCP, by redis-py's timeout on TLS: either way
     a silent server is `ReplayStoreUnavailable`, never a blocked caller (pytest-timeout guards the test)."""
     from mrtr_keys.replay.redis_store import RedisReplayStore
 
-    silent, held = _silent_server()
-    store = RedisReplayStore(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout=0.2)
-    try:
-        with pytest.raises(ReplayStoreUnavailable):
-            store.consume(os.urandom(16), 60_000)
-        assert store.ping() is False
-    finally:
-        store.close()
-        silent.close()
-        for s in held:
-            s.close()
+    with silent_server() as (port, _):
+        store = RedisReplayStore(f"redis://127.0.0.1:{port}/0", timeout=0.2)
+        try:
+            with pytest.raises(ReplayStoreUnavailable):
+                store.consume(os.urandom(16), 60_000)
+            assert store.ping() is False
+        finally:
+            store.close()
 
 
 def test_a_postgres_connect_that_timed_out_leaves_no_socket_open() -> None:
@@ -203,31 +184,21 @@ def test_a_postgres_connect_that_timed_out_leaves_no_socket_open() -> None:
     garbage collection happens to run: after a silent spell, held-open attempts would otherwise all reach the
     server when the network heals (seen: 100-250 PostgreSQL backends at once)."""
     import gc
-    import select
 
     from mrtr_keys.replay.postgres_store import PostgresReplayStore
 
-    silent, held = _silent_server()
-
-    def closed(sock: socket.socket) -> bool:
-        poller = select.poll()
-        poller.register(sock, select.POLLRDHUP | select.POLLHUP)
-        return bool(poller.poll(0))
-
-    store = PostgresReplayStore(f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db", timeout=0.3)
-    gc.disable()  # what is asserted must not depend on when a collection runs
-    try:
-        for _ in range(3):
-            with pytest.raises(ReplayStoreUnavailable):
-                store.consume(os.urandom(16), 60_000)
-        time.sleep(2.5)  # past libpq's connect_timeout (2 s) for every attempt
-        assert len(held) == 3 and all(closed(s) for s in held)
-    finally:
-        gc.enable()
-        store.close()
-        silent.close()
-        for s in held:
-            s.close()
+    with silent_server() as (port, held):
+        store = PostgresReplayStore(f"postgresql://u@127.0.0.1:{port}/db", timeout=0.3)
+        gc.disable()  # what is asserted must not depend on when a collection runs
+        try:
+            for _ in range(3):
+                with pytest.raises(ReplayStoreUnavailable):
+                    store.consume(os.urandom(16), 60_000)
+            time.sleep(2.5)  # past libpq's connect_timeout (2 s) for every attempt
+            assert len(held) == 3 and all(closed_by_peer(s) for s in held)
+        finally:
+            gc.enable()
+            store.close()
 
 
 def _sockets_to(port: int) -> int:

@@ -10,7 +10,10 @@ Here with a smaller global cap so fewer descriptors are needed (``max_connection
 `FLOOD` connections from 127.0.0.2, opened `BURST` at a time and held idle, three times the global cap, while
 a probe on 127.0.0.1 seals on a new connection every 0.1 s. Every probe is answered 200, the slowest under
 50 ms plus what the host itself delayed a woken thread meanwhile (`tests.support.lateness.Relay`: on a quiet
-host a few ms), and each connection of the flood beyond its 100 reads ``too_many_connections_from_peer``.
+host a few ms) and, for each probe, the time the sidecar's threads spent runnable but waiting for a core
+during it (their ``run_delay``, /proc/PID/task/*/schedstat: the host's other processes, not the flood, which
+keeps the sidecar running, not waiting); and each connection of the flood beyond its 100 reads
+``too_many_connections_from_peer``.
 """
 
 from __future__ import annotations
@@ -37,11 +40,25 @@ P99_BOUND = 0.050
 FROM_PEER = b'{"error":"too_many_connections_from_peer"}'
 
 
+def run_delay(pid: int) -> float:
+    """Seconds the threads of process `pid` have spent runnable but waiting for a core, summed (schedstat(5)'s
+    second field, in ns; a thread gone meanwhile no longer counts)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 class Probe:
     """Seals from 127.0.0.1 every `PROBE_EVERY` seconds, each time on a new connection (``connection:
-    close``), as a client whose kept-alive connection was closed does; records (status, seconds)."""
+    close``), as a client whose kept-alive connection was closed does; records (status, seconds, seconds the
+    sidecar `pid` waited for a core meanwhile)."""
 
-    def __init__(self, port: int, secret: str) -> None:
+    def __init__(self, port: int, secret: str, pid: int) -> None:
+        self.pid = pid
         body = b'{"audience":"app","payload":"eA"}'
         self.request = (
             f"POST /v1/seal HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {secret}\r\n"
@@ -54,6 +71,7 @@ class Probe:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            waited = run_delay(self.pid)
             started = time.perf_counter()
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
@@ -67,7 +85,7 @@ class Probe:
             except OSError as exc:
                 status = type(exc).__name__
             took = time.perf_counter() - started
-            self.results.append((status, took))
+            self.results.append((status, took, run_delay(self.pid) - waited))
             self._stop.wait(max(0.0, PROBE_EVERY - took))
 
     def stop(self) -> None:
@@ -96,7 +114,7 @@ def test_a_flood_from_one_address_costs_another_address_nothing(
     secret = sidecar.add_client("app", ["app"])
     flood: list[socket.socket] = []
     relay = Relay()
-    probe = Probe(port, secret)
+    probe = Probe(port, secret, sidecar.proc.pid)
     try:
         time.sleep(0.2)  # a few probes before the flood
         while len(flood) < FLOOD:
@@ -114,16 +132,18 @@ def test_a_flood_from_one_address_costs_another_address_nothing(
     refused = _refused_from_peer(flood)
     for s in flood:
         s.close()
-    statuses = [status for status, _ in probe.results]
-    took = sorted(seconds for _, seconds in probe.results)
-    p99 = took[math.ceil(0.99 * len(took)) - 1]
+    statuses = [status for status, _, _ in probe.results]
+    took = sorted(seconds for _, seconds, _ in probe.results)
+    beyond = sorted(seconds - waited for _, seconds, waited in probe.results)  # what the host did not cause
+    p99, p99_beyond = (t[math.ceil(0.99 * len(t)) - 1] for t in (took, beyond))
     print(
         f"flood of {FLOOD} from 127.0.0.2 ({refused} answered too_many_connections_from_peer); probe on 127.0.0.1: "
         f"{len(took)} seals, {len(took) - statuses.count('200')} failed, p50 {took[len(took) // 2] * 1000:.1f} ms, "
-        f"p99 {p99 * 1000:.1f} ms, max {took[-1] * 1000:.1f} ms; host lateness {late * 1000:.0f} ms"
+        f"p99 {p99 * 1000:.1f} ms ({p99_beyond * 1000:.1f} ms beyond the sidecar's wait for a core), max "
+        f"{took[-1] * 1000:.1f} ms; host lateness {late * 1000:.0f} ms"
     )
     assert statuses == ["200"] * len(statuses) and len(statuses) >= 10, statuses  # probed throughout
-    assert p99 < P99_BOUND + late, (p99, late)
+    assert p99_beyond < P99_BOUND + late, (p99, p99_beyond, late)
     assert refused == FLOOD - PER_PEER  # every surplus connection was answered, none dropped for want of a descriptor
     assert MAX_LINGERING < FLOOD - PER_PEER  # so most refusals were closed at once, not lingering
 

@@ -1,11 +1,11 @@
 """The sidecar's HTTP protocol against a real uvicorn server on loopback.
 
-`CorkedHttpToolsProtocol` subclasses uvicorn's private httptools protocol and wraps its transport, so
-these tests pin what it must keep doing whatever uvicorn release is installed (pyproject.toml bounds it to
-the tested minor): bytes leave in order and whole, ``close`` flushes, pipelined requests are answered in
-order, and the connection limits close or refuse what they must. Each test runs against both protocol
-choices (``http = "corked"`` and ``"httptools"``). The server runs in a thread of this process on a socket
-bound to port 0 and handed to uvicorn (no port to lose); clients are raw sockets.
+`CorkedHttpToolsProtocol` (`mrtr_keys.service.corked`) subclasses uvicorn's private httptools protocol and
+wraps its transport, so these tests pin what it must keep doing whatever uvicorn release is installed
+(pyproject.toml bounds it to the tested minor): bytes leave in order and whole, ``close`` flushes, pipelined
+requests are answered in order, and the connection limits close or refuse what they must. Each test runs
+against both protocol choices (``http = "corked"`` and ``"httptools"``). The server runs in a thread of this
+process on a socket bound to port 0 and handed to uvicorn (no port to lose); clients are raw sockets.
 """
 
 from __future__ import annotations

@@ -105,6 +105,32 @@ def test_a_version_bound_changed_without_make_lock_fails(copy: Path) -> None:
     assert (done.returncode, done.stderr) == (1, f"lock: pyproject.toml and uv.lock disagree: {HINT}\n")
 
 
+def test_make_lock_after_a_dependency_change_writes_what_the_check_accepts(copy: Path) -> None:
+    """What ``make lock`` runs (``tools/lock.py write``), offline: a bound raised in pyproject.toml (one the
+    locked version meets, so nothing needs the registry) is written into uv.lock, and the exports and the
+    Dockerfile's digest follow, so ``make lint``'s check passes again."""
+    pyproject = copy / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"cryptography>=42"', '"cryptography>=43"', 1))
+    assert check(copy).returncode == 1
+    done = subprocess.run(
+        [sys.executable, str(copy / "tools" / "lock.py"), "write", "--offline"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    digest = hashlib.sha256((copy / "uv.lock").read_bytes()).hexdigest()
+    assert done.stdout == (
+        f"uv.lock sha256 {digest}; wrote requirements/all.txt, requirements/image.txt, requirements/build.txt, "
+        "requirements/uv.txt and the Dockerfile's UV_LOCK_SHA256\n"
+    )
+    assert '{ name = "cryptography", specifier = ">=43" }' in (copy / "uv.lock").read_text()
+    again = check(copy)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert f"ARG UV_LOCK_SHA256={digest}\n" in (copy / "Dockerfile").read_text()
+    assert locked_pins(copy / "requirements" / "all.txt") == locked_pins(REPO / "requirements" / "all.txt")
+
+
 def test_an_edited_export_or_a_stale_digest_fails(copy: Path) -> None:
     image = copy / "requirements" / "image.txt"
     original = image.read_text()

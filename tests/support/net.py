@@ -7,14 +7,18 @@ has thousands of sockets in TIME-WAIT). So nothing here assumes a port stays fre
   exits saying the address is in use, starts it again on a new port (a few times);
 * `refused_port()` holds a bound socket that never listens, so connections to its port are refused for
   as long as the ``with`` block lasts (an "unreachable service" that no one can start there meanwhile);
-* `wait_for_port` / `stop_process` wait for a listener and stop a process (terminate, then kill).
+* `wait_for_port` / `stop_process` wait for a listener and stop a process (terminate, then kill);
+* `silent_server()` accepts every connection and never answers (a hung server), and `closed_by_peer` says
+  whether a client closed a connection it held.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -160,3 +164,33 @@ def launch_on_free_port(
             raise
     assert last is not None
     raise last
+
+
+@contextlib.contextmanager
+def silent_server(host: str = "127.0.0.1") -> Iterator[tuple[int, list[socket.socket]]]:
+    """(port, the connections it holds): a listener that accepts every connection and never answers, as a
+    hung server does; it and what it accepted are closed at the end of the block."""
+    listener = socket.create_server((host, 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, name="silent-server", daemon=True).start()
+    try:
+        yield int(listener.getsockname()[1]), held
+    finally:
+        listener.close()
+        for sock in held:
+            sock.close()
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """True once the other end of `sock` has closed or shut down its side (POLLRDHUP / POLLHUP)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP)
+    return bool(poller.poll(0))

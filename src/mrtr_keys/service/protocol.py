@@ -1,4 +1,4 @@
-"""uvicorn's httptools protocol with connection limits, and optionally one socket write per response.
+"""uvicorn's httptools protocol with connection limits.
 
 **Limits** (`ConnectionLimits`, docs/sidecar.md "Connection limits"): a request head must arrive within
 ``header_timeout`` seconds of the connection opening or of its first byte, and be at most
@@ -31,13 +31,7 @@ The hooks are the asyncio protocol methods and httptools' parser callbacks (``on
 ``on_headers_complete``, ``on_message_complete``), which uvicorn's class implements; uvicorn is pinned to
 the tested minor release in pyproject.toml and tests/service/test_protocol.py drives a real server.
 
-**Corked writes** (`CorkedHttpToolsProtocol`, the default; ``http = "httptools"`` switches it off):
-uvicorn writes the status line and headers on ``http.response.start`` and the body on
-``http.response.body``: two ``send`` system calls per small response, which on loopback was the largest
-single cost of a seal. `CorkedTransport` buffers the writes a callback makes and hands them to the real
-transport in one ``writelines`` (one ``writev``) at the end of the current event-loop iteration
-(``loop.call_soon``), so header and body leave together. Ordering is unchanged; ``close`` and
-``write_eof`` flush first. Everything else is delegated to the real transport (flow control included).
+The write-coalescing variant the sidecar runs by default is `mrtr_keys.service.corked`.
 """
 
 from __future__ import annotations
@@ -382,49 +376,3 @@ class _Sweeper:
             self.loop.call_later(SWEEP_SECONDS, self.sweep)
         else:
             self._running.pop(self.loop, None)
-
-
-class CorkedTransport:
-    """A transport proxy coalescing the writes of one loop iteration (see the module docstring)."""
-
-    __slots__ = ("_held", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: list[bytes] | None = None
-
-    def write(self, data: bytes) -> None:
-        held = self._held
-        if held is None:
-            self._held = [data]
-            self._loop.call_soon(self._flush)
-        else:
-            held.append(data)
-
-    def _flush(self) -> None:
-        held, self._held = self._held, None
-        if not held or self._transport.is_closing():
-            return
-        if len(held) == 1:
-            self._transport.write(held[0])
-        else:
-            self._transport.writelines(held)
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._transport.write_eof()
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class CorkedHttpToolsProtocol(LimitedHttpToolsProtocol):
-    """`LimitedHttpToolsProtocol` over a `CorkedTransport`."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(CorkedTransport(transport, self.loop))  # type: ignore[arg-type]

@@ -73,11 +73,12 @@ def check_listen_address(host: str, port: int) -> None:
 
 
 HTTP_PROTOCOLS = {
-    "corked": "mrtr_keys.service.protocol:CorkedHttpToolsProtocol",
+    "corked": "mrtr_keys.service.corked:CorkedHttpToolsProtocol",
     "httptools": "mrtr_keys.service.protocol:LimitedHttpToolsProtocol",
 }
 """``http`` setting -> uvicorn protocol class: httptools with the connection limits, writing each response
-in one ``writev`` (``corked``) or with uvicorn's own writes (``httptools``); see `mrtr_keys.service.protocol`."""
+in one ``writev`` (``corked``, `mrtr_keys.service.corked`) or with uvicorn's own writes (``httptools``); see
+`mrtr_keys.service.protocol`."""
 
 
 def _uvicorn_options(config: ServiceConfig) -> dict[str, Any]:

@@ -397,6 +397,11 @@ class PostgresStore(NarrowRows, SQLStore):
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
 
+    def _lock_events(self, cur: Any) -> None:
+        """ACCESS EXCLUSIVE at once (the rename in `_upgrade` takes it anyway; taken later, after a read, it
+        could deadlock with a transaction that reads and then writes, as a prune does)."""
+        cur.execute("LOCK TABLE audit_events IN ACCESS EXCLUSIVE MODE")
+
 
 def merged_rows(rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
     """Raw schema 5 rows (``id``, `SQL_COLUMNS`, ``time_text``, ``fingerprint_text``) as narrow rows (``id``, then

@@ -49,6 +49,10 @@ class SchemaSteps:
     def _lock_schema(self, cur: Any) -> None:
         """Serialise concurrent migrations (inside the migration transaction)."""
 
+    def _lock_events(self, cur: Any) -> None:
+        """Make writers of the events wait until this transaction ends, before `migrate` counts them (SQLite:
+        BEGIN IMMEDIATE did)."""
+
     def _migrate(self) -> None:
         """Create a new store at `SCHEMA_VERSION`; bring an existing one up to `AUTO_SCHEMA` (the
         cheap steps); refuse a store newer than this code. Sets `version`."""
@@ -159,6 +163,7 @@ class SchemaSteps:
             try:
                 self._begin(cur)
                 self._lock_schema(cur)
+                self._lock_events(cur)  # else an append between the count and the copy fails the count check
                 current = self._current_version(cur)
                 if current >= SCHEMA_VERSION:
                     raise ConfigError(
