@@ -20,6 +20,8 @@ from mcp.server.mcpserver import InvalidRequestState
 from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.writing.stores.key_usage import SETTLED, totals
 from mrtr_keys.audit.writing.stores.url import open_store
+from mrtr_keys.changes.apply import apply_change
+from mrtr_keys.changes.budget import set_budget
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.local import LocalAESGCMCodec
@@ -82,6 +84,25 @@ def test_the_first_reservation_outlasts_a_store_round_trip_at_a_busy_sidecars_ra
     _reporter(store, codec)
     first = _totals(store, codec)[codec.ring.primary.kid]
     assert first.sealed == 0 and first.seals // 2 >= 20_000 * 0.25
+
+
+def test_a_budget_lowered_on_a_live_fleet_shrinks_the_reservations_in_force(fleet: Any) -> None:
+    """``keys budget 4000`` on a running fleet: each instance still held a block reserved under the old budget
+    (10,000 seals), which alone put the key at 250 % of its new budget (over-budget audit reasons, a critical
+    alert, a rotation by use). A reservation larger than 1 % of the budget in force is cut back at the next
+    round, never below the seals made."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    kid = codec.ring.primary.kid
+    for _ in range(30):
+        codec.seal(b"x")
+    assert reporter.run_round() and _totals(store, codec)[kid].seals >= MIN_BLOCK
+    apply_change(keystore, "budget", lambda ring, now: set_budget(ring, 4000, None, now))
+    assert codec.reload() and reporter.run_round()
+    t = _totals(store, codec)[kid]
+    assert t.sealed == 30 and 30 <= t.seals <= 30 + block_of(4000)
+    assert kid not in over_budget
 
 
 def test_a_killed_process_leaves_its_reservation_counted_until_it_is_settled(fleet: Any) -> None:

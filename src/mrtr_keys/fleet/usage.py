@@ -246,7 +246,9 @@ class UsageReporter:
             if key is not None and kid in sealers and not final:
                 cap = block_of(budget_of(ring, key))
                 want = min(cap, max(MIN_BLOCK, math.ceil(st.rate * HORIZON)))
-                if sealed + want // 2 >= st.reserved:  # under half a block left (or past it): the next block
+                # under half a block left (or past it): the next block; more left than 1 % of the budget (lowered
+                # since): cut back, so reservations never carry a key past a threshold alone
+                if sealed + want // 2 >= st.reserved or st.reserved - sealed > cap:
                     seals, block = sealed + want, want
                 else:
                     seals, block = st.reserved, st.block
