@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parents[1]
 OSV_URL = "https://api.osv.dev/v1/query"
@@ -123,6 +123,22 @@ def _last_line(text: str, pattern: re.Pattern[str] | None = None) -> str:
     return next((_short(x, 160) for x in reversed(lines) if pattern is None or pattern.search(x)), "")
 
 
+def _public(url: str) -> str:
+    """`url` as it may be shown: without its user information and query (a mirror's credentials or token)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _scrub(text: str, url: str | None) -> str:
+    """`text` (a tool's error) without the credentials of `url` in it."""
+    parts = urlsplit(url or "")
+    for secret in (parts.password, parts.username, parts.query):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
 def audit_python(requirements: Path, osv_url: str, timeout: int, deadline: float, report: Report) -> bool:
     """pip-audit over `requirements` (`timeout` seconds for each answer, `deadline` for all of them); False if the
     service was not reached or not done in time (one line in the report)."""
@@ -134,13 +150,15 @@ def audit_python(requirements: Path, osv_url: str, timeout: int, deadline: float
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=deadline)
         except subprocess.TimeoutExpired:
-            return _not_scanned(report, "python", f"{osv_url} did not answer for every package within {deadline:g} s")
+            return _not_scanned(
+                report, "python", f"{_public(osv_url)} did not answer for every package within {deadline:g} s"
+            )
         result = json.loads(out.read_text()) if out.exists() and out.stat().st_size else None
     if result is None:
-        why = _last_line(done.stderr, PY_UNREACHABLE)
+        why = _scrub(_last_line(done.stderr, PY_UNREACHABLE), osv_url)
         if not why:
-            raise RuntimeError(f"pip-audit failed (exit {done.returncode}): {_last_line(done.stderr)}")
-        return _not_scanned(report, "python", f"{osv_url} cannot be reached ({why})")
+            raise RuntimeError(f"pip-audit failed (exit {done.returncode}): {_scrub(_last_line(done.stderr), osv_url)}")
+        return _not_scanned(report, "python", f"{_public(osv_url)} cannot be reached ({why})")
     deps = result["dependencies"]
     for dep in deps:
         for vuln in dep.get("vulns", []):
@@ -151,7 +169,7 @@ def audit_python(requirements: Path, osv_url: str, timeout: int, deadline: float
     counted = f"{len(deps) - len(skipped)} locked packages ({_shown(requirements)})"
     if skipped:
         counted += f", {len(skipped)} not audited ({', '.join(skipped[:5])})"
-    report.lines.append(f"deps-audit: python: {counted} checked against {osv_url}")
+    report.lines.append(f"deps-audit: python: {counted} checked against {_public(osv_url)}")
     return True
 
 
@@ -163,7 +181,7 @@ def audit_npm(package_dir: Path, registry: str | None, timeout: int, deadline: f
     argv = [npm, "audit", "--omit=dev", "--json", f"--fetch-timeout={timeout * 1000}", "--fetch-retries=0"]
     if registry:
         argv.append(f"--registry={registry}")
-    shown = registry or "the npm registry"
+    shown = _public(registry) if registry else "the npm registry"
     try:
         done = subprocess.run(argv, cwd=package_dir, capture_output=True, text=True, check=False, timeout=deadline)
     except subprocess.TimeoutExpired:
@@ -176,8 +194,11 @@ def audit_npm(package_dir: Path, registry: str | None, timeout: int, deadline: f
         error = result.get("error", {})
         code = str(error.get("code") or result.get("code") or "")
         text = _short(" ".join(str(x) for x in (result.get("message") or error.get("summary"), code) if x), 160)
+        text = _scrub(text, registry)
         if not NPM_UNREACHABLE.search(text) and "statusCode" not in result:  # neither the network nor an HTTP error
-            raise RuntimeError(f"npm audit failed (exit {done.returncode}): {text or _last_line(done.stderr)}")
+            raise RuntimeError(
+                f"npm audit failed (exit {done.returncode}): {text or _scrub(_last_line(done.stderr), registry)}"
+            )
         return _not_scanned(report, "npm", f"{shown} cannot be reached ({text})")
     for name, vuln in result.get("vulnerabilities", {}).items():
         for via in vuln.get("via", []):
@@ -194,7 +215,7 @@ def audit_npm(package_dir: Path, registry: str | None, timeout: int, deadline: f
     runtime = result.get("metadata", {}).get("dependencies", {}).get("prod", 1) - 1  # less the package itself
     report.lines.append(
         f"deps-audit: npm: {runtime} runtime packages of {_shown(package_dir / 'package-lock.json')} checked"
-        f" (npm audit --omit=dev, {registry or 'the npm registry'})"
+        f" (npm audit --omit=dev, {shown})"
     )
     return True
 

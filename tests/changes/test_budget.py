@@ -73,14 +73,16 @@ def test_a_huge_power_is_refused_without_computing_it() -> None:
 def test_a_budget_above_the_format_limit_of_a_key_made_later_counts_as_that_limit(tmp_path: Path) -> None:
     """The ring's budget covers the keys it makes later (above), whatever their format: 2^40 is a fine budget
     for mk2 keys (limit 2^48), but an mk1 key begun under it (``--key-format mk1``) is held to mk1's 2^32."""
+    from tests.fixtures.audit import cli  # in this process: no interpreter start-ups
+
     ring = tmp_path / "keyring.json"
-    assert run_cli("init", keystore=ring).code == 0
-    assert run_cli("keys", "budget", "2^40", keystore=ring).code == 0
-    begun = run_cli("rotate", "begin", "--key-format", "mk1", "--json", keystore=ring)
+    assert cli("init", keystore=ring).code == 0
+    assert cli("keys", "budget", "2^40", keystore=ring).code == 0
+    begun = cli("rotate", "begin", "--key-format", "mk1", "--json", keystore=ring)
     assert begun.code == 0, begun.err
-    info = run_cli("keys", "show", begun.json()["new"], "--json", keystore=ring).json()
+    info = cli("keys", "show", begun.json()["new"], "--json", keystore=ring).json()
     assert (info["format"], info["budget"], info["budget_from"]) == ("mk1", 2**32, "format")
-    listed = run_cli("keys", "list", "--json", keystore=ring).json()
+    listed = cli("keys", "list", "--json", keystore=ring).json()
     assert {k["format"]: k["budget"] for k in listed["keys"]} == {"mk2": 2**40, "mk1": 2**32}
 
 

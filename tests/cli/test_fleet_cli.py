@@ -211,3 +211,33 @@ def test_restore_refuses_another_ring(tmp_path: Path) -> None:
     res = cli("rotate", "restore", str(two), keystore=one)
     assert res.code == 2 and "another key ring" in res.err and "nothing was written" in res.err
     assert FileKeystore(one).load().generation == 1
+
+
+def test_restore_never_brings_a_revoked_key_back(tmp_path: Path) -> None:
+    """A revocation is final (issue 37), and a backup made before it still holds the leaked key. Restoring it
+    made the revoked key the primary again, its material back, on every instance. Now a backup whose primary
+    was revoked since is refused (exit 2, nothing written), and any other key revoked since stays revoked."""
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    before = tmp_path / "before.json"
+    shutil.copy(ring, before)
+    old = FileKeystore(ring).load().primary.kid
+    assert cli("keys", "revoke", old, "--reason", "leak", "--yes", keystore=ring).code == 0
+    res = cli("rotate", "restore", str(before), keystore=ring)
+    assert res.code == 2 and res.err.count("\n") == 1, res.err
+    assert f"the backup's primary {old} was revoked at " in res.err and "nothing was written" in res.err
+    stored = FileKeystore(ring).load()
+    assert stored.generation == 2 and stored.lookup(old).state.value == "revoked"  # type: ignore[union-attr]
+
+    assert cli("rotate", "begin", keystore=ring).code == 0  # a begun key, revoked after this backup
+    begun = tmp_path / "begun.json"
+    shutil.copy(ring, begun)
+    new = next(k.kid for k in FileKeystore(ring).load().keys if k.state.value == "verify")
+    codec = request_state_security(ring, audience="svc", reload_every=0).codec
+    assert cli("keys", "revoke", new, "--reason", "leak too", "--yes", keystore=ring).code == 0
+    assert cli("rotate", "restore", str(begun), keystore=ring).code == 0
+    restored = FileKeystore(ring).load()
+    key = restored.lookup(new)
+    assert key is not None and key.state.value == "revoked" and key.material is None
+    assert restored.lookup(old) is not None and restored.lookup(old).state.value == "revoked"  # type: ignore[union-attr]
+    assert codec.reload() and new not in {k.kid for k in codec.ring.usable_keys()}

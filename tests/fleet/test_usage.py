@@ -20,6 +20,8 @@ from mcp.server.mcpserver import InvalidRequestState
 from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.writing.stores.key_usage import SETTLED, totals
 from mrtr_keys.audit.writing.stores.url import open_store
+from mrtr_keys.changes.apply import apply_change
+from mrtr_keys.changes.budget import set_budget
 from mrtr_keys.changes.create import create_ring
 from mrtr_keys.changes.rotation import run_step
 from mrtr_keys.codecs.local import LocalAESGCMCodec
@@ -82,6 +84,25 @@ def test_the_first_reservation_outlasts_a_store_round_trip_at_a_busy_sidecars_ra
     _reporter(store, codec)
     first = _totals(store, codec)[codec.ring.primary.kid]
     assert first.sealed == 0 and first.seals // 2 >= 20_000 * 0.25
+
+
+def test_a_budget_lowered_on_a_live_fleet_shrinks_the_reservations_in_force(fleet: Any) -> None:
+    """``keys budget 4000`` on a running fleet: each instance still held a block reserved under the old budget
+    (10,000 seals), which alone put the key at 250 % of its new budget (over-budget audit reasons, a critical
+    alert, a rotation by use). A reservation larger than 1 % of the budget in force is cut back at the next
+    round, never below the seals made."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    kid = codec.ring.primary.kid
+    for _ in range(30):
+        codec.seal(b"x")
+    assert reporter.run_round() and _totals(store, codec)[kid].seals >= MIN_BLOCK
+    apply_change(keystore, "budget", lambda ring, now: set_budget(ring, 4000, None, now))
+    assert codec.reload() and reporter.run_round()
+    t = _totals(store, codec)[kid]
+    assert t.sealed == 30 and 30 <= t.seals <= 30 + block_of(4000)
+    assert kid not in over_budget
 
 
 def test_a_killed_process_leaves_its_reservation_counted_until_it_is_settled(fleet: Any) -> None:
@@ -219,6 +240,44 @@ def test_counts_settled_while_a_process_was_cut_off_are_not_counted_twice(fleet:
     reporter.stop()
     t = _totals(inner, codec)[codec.ring.primary.kid]
     assert (t.sealed, t.unseals) == (31, 31) and t.seals >= 31
+
+
+def test_one_process_counts_each_seal_once_whatever_its_presence_names_and_codecs(tmp_path: Path) -> None:
+    """The tallies are the process's: two presence names in one process (two MCP servers of one app) report them
+    through one reporter, and a codec closed and opened again counts on from what the first one reported. Each
+    had reported the process's whole count again (40 for 20 sealed; then 65 for 25)."""
+    from mrtr_keys.factory import request_state_security
+
+    keystore = FileKeystore(tmp_path / "keyring.json")
+    create_ring(keystore)
+    url = f"sqlite://{tmp_path / 'audit.db'}"
+
+    def codec(audience: str, name: str) -> Any:
+        return request_state_security(keystore, audience=audience, audit=url, instance=name, reload_every=0).codec
+
+    a, b = codec("billing", "web-a"), codec("payments", "web-b")
+    kid = a.ring.primary.kid
+    try:
+        for _ in range(10):
+            a.unseal(a.seal(b"x"))
+            b.seal(b"y")
+        assert all(c.presence.usage().run_round() for c in (a, b))  # each presence's counts written
+        t = totals(a.presence.store.usage_rows(a.ring.ring_id))[kid]
+        assert (t.sealed, t.unseals) == (20, 10)
+    finally:
+        a.presence.stop()
+        b.presence.stop()
+    again = codec("billing", "web-c")
+    try:
+        for _ in range(5):
+            again.seal(b"z")
+        assert again.presence.usage().run_round()
+        t = totals(again.presence.store.usage_rows(again.ring.ring_id))[kid]
+        assert (t.sealed, t.unseals) == (25, 10) and 25 <= t.seals <= 25 + t.blocks
+    finally:
+        again.presence.stop()
+    t = totals(again.presence.store.usage_rows(again.ring.ring_id))[kid]
+    assert (t.seals, t.sealed, t.unseals, t.blocks) == (25, 25, 10, 0)
 
 
 def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(

@@ -150,6 +150,25 @@ def test_a_service_that_cannot_be_reached_is_one_line_and_passes(outage: str, np
     assert verdict == "deps-audit: no known vulnerability in what was scanned (python and npm not scanned)"
 
 
+def test_a_mirrors_credentials_in_its_url_are_never_shown(advisories: AdvisoryServer, npm_package: Path) -> None:
+    """A CI that asks a private mirror puts its credentials in the URL: the log shows where, never them."""
+    creds = "ci-user:s3cret-pw"
+    osv, registry = (u.replace("http://", f"http://{creds}@") for u in (advisories.osv_url, advisories.registry))
+    where = ["--requirements", BUILD, "--npm-dir", npm_package]
+    scanned = deps_audit(*where, "--osv-url", osv, "--npm-registry", registry)
+    assert scanned.returncode == 0, scanned.stdout + scanned.stderr
+    assert f"checked against {advisories.osv_url}" in scanned.stdout.splitlines()[0]
+    assert f"(npm audit --omit=dev, {advisories.registry})" in scanned.stdout.splitlines()[1]
+    with refused_port() as port:
+        out = f"http://{creds}@127.0.0.1:{port}"
+        down = deps_audit(
+            *where, "--osv-url", f"{out}/v1/query?key=t0ken", "--npm-registry", f"{out}/", "--timeout", "1"
+        )
+    assert down.returncode == 0 and f"not scanned: http://127.0.0.1:{port}/v1/query cannot" in down.stdout
+    for text in (scanned.stdout, scanned.stderr, down.stdout, down.stderr):
+        assert "s3cret" not in text and "ci-user" not in text and "t0ken" not in text, text
+
+
 def test_a_service_too_slow_to_answer_every_package_in_time_is_one_line_and_passes(
     advisories: AdvisoryServer, npm_package: Path
 ) -> None:

@@ -8,7 +8,7 @@ its watcher is not stuck), ``primary_format``: ``mk2``, ``mk1``, or ``sdk-v1`` f
 ``primary_seals``, ``primary_budget``, ``primary_used``: the primary's fleet-wide seals, never below the truth,
 against its seal budget). Instances of other rings in the same store, and rows whose last heartbeat is older than
 ``--since`` (default 1h), are left out. Below the rows, one line gives each usable key's use of its seal budget, and
-a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage.budget_note`). When the ring holds
+a key at 50 % of it or past it gets the warning sentence (`mrtr_keys.fleet.usage_view.budget_note`). When the ring holds
 a revoked key, a line says which live instances have applied its revocation (`mrtr_keys.fleet.applied`) and names
 the others.
 """
@@ -62,7 +62,7 @@ def status(
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import error, print_json, print_line
     from mrtr_keys.fleet.presence import read_instances
-    from mrtr_keys.fleet.usage import read_usage
+    from mrtr_keys.fleet.usage_view import read_usage
 
     store = keystore(keystore_)
     ring, unreachable = None, None
@@ -166,7 +166,7 @@ def _primary_use(ring: Any, usage: Any, kid: str | None) -> dict[str, Any]:
 def _use_lines(ring: Any, usage: Any) -> list[str]:
     """One line with each usable key's use of its seal budget, then the warning of each key at 50 % or past."""
     from mrtr_keys.cli.keys_cmd import used_text
-    from mrtr_keys.fleet.usage import budget_note
+    from mrtr_keys.fleet.usage_view import budget_note
     from mrtr_keys.ring.budgets import WARN_AT
 
     if usage.totals is None:

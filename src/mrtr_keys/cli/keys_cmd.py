@@ -51,10 +51,10 @@ def _state_and_format(row: dict[str, Any]) -> str:
 
 
 def _usage(store: Any, ring: Any) -> Any:
-    """The ring's fleet-wide seal counts from its presence store (`mrtr_keys.fleet.usage.read_usage`)."""
+    """The ring's fleet-wide seal counts from its presence store (`mrtr_keys.fleet.usage_view.read_usage`)."""
     from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
-    from mrtr_keys.fleet.usage import read_usage
+    from mrtr_keys.fleet.usage_view import read_usage
 
     audit = existing_store(store, audit=root_audit())
     try:

@@ -57,7 +57,7 @@ def status(keystore_: KeystoreOpt = None, json_: JsonOpt = False) -> None:
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import print_fields, print_json, print_line
     from mrtr_keys.fleet.gates import describe, evaluate
-    from mrtr_keys.fleet.usage import budget_note, read_usage
+    from mrtr_keys.fleet.usage_view import budget_note, read_usage
     from mrtr_keys.ring.budgets import WARN_AT
     from mrtr_keys.ring.model import utcnow
 
@@ -161,7 +161,7 @@ def _not_due(store: Any, if_older_than: str | None, if_used_over: str | None) ->
     from mrtr_keys.changes.lifecycle import parse_duration
     from mrtr_keys.cli.options import root_audit
     from mrtr_keys.cli.output import error
-    from mrtr_keys.fleet.usage import read_usage
+    from mrtr_keys.fleet.usage_view import read_usage
     from mrtr_keys.ring.model import utcnow
 
     older = None if if_older_than is None else parse_duration(if_older_than, "--if-older-than")

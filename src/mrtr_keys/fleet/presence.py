@@ -35,7 +35,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mrtr_keys.audit.events import format_ts
-from mrtr_keys.codecs.usage import enabled as counting_enabled
 from mrtr_keys.errors import AuditError
 from mrtr_keys.fleet.instances import (
     DEFAULT_HEARTBEAT,
@@ -52,7 +51,7 @@ from mrtr_keys.fleet.instances import (
     instance_name,
     read_instances,
 )
-from mrtr_keys.fleet.usage import UsageReporter
+from mrtr_keys.fleet.usage import UsageReporter, release, reporter_for
 from mrtr_keys.keystores.watch import STUCK_NOTE
 from mrtr_keys.version import __version__
 
@@ -130,13 +129,12 @@ class Presence:
         return f"Presence({self.name!r}, kind={self.kind!r}, every={self.every:g}, store={self.store.url!r})"
 
     def usage(self) -> UsageReporter:
-        """This instance's seal counts reporter into the same store (`mrtr_keys.fleet.usage`), started on first
-        use; `stop` writes its final counts before the ``stopped`` row."""
+        """This process's seal counts reporter into the same store (`mrtr_keys.fleet.usage.reporter_for`: one for
+        every presence of the process in that store), started on first use; `stop` lets it go (the last user's
+        stop writes its final counts) before the ``stopped`` row."""
         with self._lock:
             if self._usage is None:
-                self._usage = UsageReporter(self.store, instance=self.name)
-                if counting_enabled():
-                    self._usage.start()
+                self._usage = reporter_for(self.store, instance=self.name)
             return self._usage
 
     def add(self, source: Source) -> None:
@@ -230,9 +228,10 @@ class Presence:
 
     def stop(self) -> None:
         """Write the final seal counts (`usage`), then the ``stopped`` row (once), and end the heartbeat thread."""
-        usage = self._usage
+        with self._lock:
+            usage, self._usage = self._usage, None
         if usage is not None:
-            usage.stop()
+            release(usage)
         with self._lock:
             if self.stopped:
                 return

@@ -18,6 +18,10 @@ twice once it writes again). After `REFRESH` seconds without a successful round 
 reads its own rows: those another reporter settled meanwhile are already counted, so it reports only what came
 after (`_Kid.base`).
 
+The tallies are the process's, so one reporter a store reports them (`reporter_for`: presences of several
+names in one process share it), and a reporter that stopped leaves what it reported to the next one of the
+process (`_handed`), which counts on from there: a codec closed and opened again is not counted twice.
+
 Limits (docs/rotation.md, "Rotating by use"): seals past the reservation while the store cannot be written (an
 outage: sealing never waits for it) are counted in memory and written when it answers again; a process killed
 during such an outage loses those. Unseal and rejection counts are written as they stand each round (a kill
@@ -37,12 +41,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mrtr_keys.audit.events import format_ts
 from mrtr_keys.audit.writing.stores.key_usage import RUNNING, STOPPED, KidTotals, UsageRow, totals
 from mrtr_keys.codecs.usage import NEVER, KidTally, enabled, over_budget, usage_for
 from mrtr_keys.errors import AuditError
+from mrtr_keys.fleet.usage_view import budget_note
 from mrtr_keys.ring.budgets import WARN_AT, block_of, budget_of
 from mrtr_keys.ring.model import KeyRing, KeyState
 
@@ -68,6 +73,14 @@ SETTLE_EVERY = 600.0
 REFRESH = SETTLE_AFTER / 4
 """Seconds after which a row is written again although unchanged, so a live source never looks silent."""
 
+_Counts = tuple[int, int, int, int]
+_handed: dict[tuple[str, str, str], _Counts] = {}
+"""(store URL, ring_id, kid) -> the counts of this process a stopped reporter left in that store (its `_Kid.base`
+plus what it wrote): where the next reporter of the process into that store counts on from."""
+_shared: dict[str, tuple[UsageReporter, int]] = {}
+"""Store URL -> this process's reporter into it and how many presences use it (`reporter_for`)."""
+_shared_lock = threading.Lock()
+
 RingSource = Callable[[], "KeyRing | None"]
 """Returns the ring a codec (or the sidecar) has loaded now, or None once it is gone."""
 
@@ -88,7 +101,7 @@ class _Kid:
     """(seals, sealed, unseals, rejections) as last written (what the store holds for our source)."""
     written_at: float = 0.0
     """`UsageReporter` clock time of that write."""
-    base: tuple[int, int, int, int] = (0, 0, 0, 0)
+    base: _Counts = (0, 0, 0, 0)
     """The counts of ours that a settle folded into the settled row while we lived: our row holds the rest."""
 
 
@@ -217,7 +230,11 @@ class UsageReporter:
         marks: list[tuple[KidTally, int]] = []
         for tally in usage.tallies():
             kid = tally.kid
-            st = self._kids.setdefault((ring.ring_id, kid), _Kid())
+            st = self._kids.get((ring.ring_id, kid))
+            if st is None:  # counted on from what an earlier reporter of this process left in this store
+                st = self._kids[(ring.ring_id, kid)] = _Kid(
+                    base=_handed.get((self.store.url, ring.ring_id, kid), _NONE)
+                )
             sealed, unseals, rejections = tally.seals, tally.unseals, tally.rejections
             key = ring.lookup(kid)
             if mono > st.at:
@@ -229,7 +246,9 @@ class UsageReporter:
             if key is not None and kid in sealers and not final:
                 cap = block_of(budget_of(ring, key))
                 want = min(cap, max(MIN_BLOCK, math.ceil(st.rate * HORIZON)))
-                if sealed + want // 2 >= st.reserved:  # under half a block left (or past it): the next block
+                # under half a block left (or past it): the next block; more left than 1 % of the budget (lowered
+                # since): cut back, so reservations never carry a key past a threshold alone
+                if sealed + want // 2 >= st.reserved or st.reserved - sealed > cap:
                     seals, block = sealed + want, want
                 else:
                     seals, block = st.reserved, st.block
@@ -319,6 +338,10 @@ class UsageReporter:
             self.stopped = True
             self._wake.set()
             self.run_round(final=True)
+            for (ring_id, kid), st in self._kids.items():  # what the store holds of ours, for the next reporter
+                if st.written is not None:
+                    counts = tuple(b + w for b, w in zip(st.base, st.written, strict=True))
+                    _handed[(self.store.url, ring_id, kid)] = counts  # type: ignore[assignment]
             for ring_id in self._listening:
                 usage_for(ring_id).unlisten(self.wake)
         thread = self._thread
@@ -326,16 +349,32 @@ class UsageReporter:
             thread.join(3.0)
 
 
-def budget_note(kid: str, seals: int, budget: int) -> str:
-    """The one sentence about a key's use of its budget: what the warning, ``fleet status`` and ``/readyz``
-    say (e.g. ``key 1a2b3c4d has used 2,048 of its seal budget of 4,000 (51 %) fleet-wide; rotate it: mrtr-keys
-    rotate next --if-used-over 0.5``). `seals` is the fleet-wide count, reservations included (never below the
-    seals made)."""
-    fraction = seals / budget
-    head = f"key {kid} has used {seals:,} of its seal budget of {budget:,} ({math.floor(fraction * 100)} %) fleet-wide"
-    if fraction >= 1.0:
-        return f"{head}: past its budget, still sealing (its seals are audited 'over-budget'); rotate it now"
-    return f"{head}; rotate it: mrtr-keys rotate next --if-used-over {WARN_AT:g}"
+_NONE: _Counts = (0, 0, 0, 0)
+
+
+def reporter_for(store: AuditStore, *, instance: str) -> UsageReporter:
+    """This process's (started) reporter into `store`, shared by every presence that asks (one more user each
+    call; `release` when done): two reporters of one process would each report its tallies."""
+    with _shared_lock:
+        reporter, users = _shared.get(store.url, (None, 0))
+        if reporter is None or reporter.stopped:
+            reporter, users = UsageReporter(store, instance=instance), 0
+        _shared[store.url] = (reporter, users + 1)
+    if enabled():
+        reporter.start()
+    return reporter
+
+
+def release(reporter: UsageReporter) -> None:
+    """One user of `reporter_for`'s reporter fewer; the last one stops it (its final counts)."""
+    with _shared_lock:
+        current, users = _shared.get(reporter.store.url, (None, 0))
+        if current is reporter:
+            if users > 1:
+                _shared[reporter.store.url] = (reporter, users - 1)
+                return
+            del _shared[reporter.store.url]
+    reporter.stop()
 
 
 def _sealers(ring: KeyRing) -> set[str]:
@@ -343,45 +382,3 @@ def _sealers(ring: KeyRing) -> set[str]:
     primary, and its reservation is then already in place)."""
     begun = {k.kid for k in ring.keys if k.state is KeyState.VERIFY and k.demoted_at is None}
     return {ring.primary.kid} | begun
-
-
-NO_STORE = (
-    "seal counts: no presence store for this key ring (auditing off), so each instance counts its own seals "
-    "(its /metrics or OpenTelemetry); there is no fleet-wide total"
-)
-"""The one line the CLI prints instead of fleet-wide counts when there is no presence store."""
-
-
-@dataclass(frozen=True)
-class UsageView:
-    """A ring's fleet-wide counts as the CLI shows them: `totals` from the presence store, or None with `note`."""
-
-    totals: dict[str, KidTotals] | None
-    note: str | None = None
-
-    def of(self, ring: KeyRing, kid: str) -> dict[str, Any]:
-        """``seals``, ``unseals``, ``rejections`` (fleet-wide, None when unknown), ``budget`` and ``used`` (the
-        fraction of the budget sealed, None when unknown) of key `kid` of `ring`."""
-        key = ring.lookup(kid)
-        budget = budget_of(ring, key) if key is not None else None
-        t = None if self.totals is None else self.totals.get(kid)
-        known = self.totals is not None
-        seals = t.seals if t is not None else (0 if known else None)
-        return {
-            "seals": seals,
-            "unseals": t.unseals if t is not None else (0 if known else None),
-            "rejections": t.rejections if t is not None else (0 if known else None),
-            "budget": budget,
-            "used": None if seals is None or not budget else round(seals / budget, 6),
-        }
-
-
-def read_usage(store: AuditStore | None, ring: KeyRing) -> UsageView:
-    """The fleet-wide counts of `ring` in `store` (the presence store; None: there is none, `NO_STORE`).
-    A store that cannot be read gives a note saying so, never an error (the keys are still shown)."""
-    if store is None:
-        return UsageView(None, NO_STORE)
-    try:
-        return UsageView(totals(store.usage_rows(ring.ring_id)))
-    except AuditError as exc:
-        return UsageView(None, f"seal counts unavailable: {exc}")

@@ -176,7 +176,7 @@ class RingLifecycle:
         fraction used, with the warning sentence from 50 % (`mrtr_keys.fleet.usage.budget_note`). Sealing never
         stops on a budget, so this never makes the sidecar unready. No I/O: the reporter's last reading."""
         from mrtr_keys.codecs.usage import usage_for
-        from mrtr_keys.fleet.usage import budget_note
+        from mrtr_keys.fleet.usage_view import budget_note
         from mrtr_keys.ring.budgets import WARN_AT, budget_of
 
         ring = self.ring.ring
