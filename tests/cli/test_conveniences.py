@@ -80,6 +80,29 @@ def test_inspect_reads_the_token_from_stdin(ring: Path) -> None:
     )
 
 
+def test_inspect_reads_a_long_token_from_stdin_whole(ring: Path) -> None:
+    """`inspect -` read only the first 1 MiB of standard input, so a token of 1 to 4 MiB (which every codec
+    accepts, docs/token-format.md "Limits") was cut and described as another, shorter token; more than any
+    token is one line and exit 2, not a description of its first part."""
+    from mrtr_keys.token import MAX_TOKEN_CHARS
+
+    token = LocalAESGCMCodec(ring, audience="billing").seal(b"x" * (3 << 19))  # 1.5 MiB: a 2 MiB token
+    env = {**os.environ, "MRTR_KEYS_KEYSTORE": str(ring)}
+    run = subprocess.run(
+        [*MRTR_KEYS, "inspect", "-", "--json"], input=token + "\n", capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    info = json.loads(run.stdout)
+    assert info["token_chars"] == len(token) == 2_097_199 and info["ciphertext_bytes"] == 3 << 19
+    over = subprocess.run(
+        [*MRTR_KEYS, "inspect", "-"], input="mk2." + "A" * (MAX_TOKEN_CHARS + 8192), capture_output=True, text=True
+    )
+    assert over.returncode == 2 and over.stderr == (
+        "mrtr-keys: inspect -: standard input holds more than 4,198,400 characters, longer than any token "
+        "(4,194,304 characters at most)\n"
+    )
+
+
 def test_keys_list_fits_80_columns_and_wide_shows_every_column(ring: Path) -> None:
     old, new = rotated(ring)
     ok(cli("keys", "destroy", old, keystore=ring))

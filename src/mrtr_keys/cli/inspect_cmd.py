@@ -34,15 +34,31 @@ def inspect(
         print_fields("token", info)
 
 
+STDIN_SLACK = 4096
+"""Characters of whitespace around the token that ``inspect -`` reads beyond `MAX_TOKEN_CHARS`."""
+
+
 def _read_stdin() -> str:
     """The token from standard input: surrounding whitespace dropped, one token only.
 
+    Reads up to `mrtr_keys.token.MAX_TOKEN_CHARS` (the longest token a codec accepts) plus `STDIN_SLACK`, so
+    every token `seal` returns is read whole; more is refused rather than cut (a cut token is another token).
+
     Raises:
-        ConfigError: nothing, or more than one word, on standard input.
+        ConfigError: nothing, more than one word, or more than any token on standard input.
     """
     import sys
 
-    words = sys.stdin.read(1 << 20).split()
+    from mrtr_keys.token import MAX_TOKEN_CHARS
+
+    limit = MAX_TOKEN_CHARS + STDIN_SLACK
+    text = sys.stdin.read(limit + 1)
+    if len(text) > limit:
+        raise ConfigError(
+            f"inspect -: standard input holds more than {limit:,} characters, longer than any token "
+            f"({MAX_TOKEN_CHARS:,} characters at most)"
+        )
+    words = text.split()
     if len(words) != 1:
         raise ConfigError("inspect -: standard input must hold exactly one token")
     return words[0]
