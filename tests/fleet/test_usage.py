@@ -320,6 +320,31 @@ def test_half_the_budget_warns_once_and_seals_past_it_are_audited_over_budget(
         codec.presence.stop()
 
 
+def test_a_key_found_past_its_budget_is_warned_of_in_one_line(fleet: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A key an instance first sees past its whole budget (``keys budget`` lowered below the seals made, or an
+    instance started late) crossed both thresholds in one round, and each logged the same WARNING: the line was
+    written twice, word for word."""
+    keystore, store = fleet
+    codec = LocalAESGCMCodec(keystore, audience=AUD)
+    reporter = _reporter(store, codec)
+    kid = codec.ring.primary.kid
+    try:
+        with caplog.at_level(logging.WARNING, logger="mrtr_keys.usage"):
+            for _ in range(60):
+                codec.seal(b"x")
+            assert reporter.run_round()
+            apply_change(keystore, "budget", lambda ring, now: set_budget(ring, 40, None, now))
+            assert codec.reload() and reporter.run_round()
+            reporter.run_round()
+        said = [r.message for r in caplog.records if r.name == "mrtr_keys.usage"]
+        assert len(said) == 1, said
+        assert said[0].startswith(f"key {kid} has used 6") and "of its seal budget of 40 (15" in said[0]
+        assert "fleet-wide: past its budget, still sealing" in said[0]
+        assert kid in over_budget
+    finally:
+        over_budget.discard(kid)
+
+
 def test_a_process_that_stops_before_it_seals_gives_its_reservation_back(fleet: Any) -> None:
     """A process that reserved ahead (at start) and stopped without sealing: its final round writes 0, so the
     settled row holds nothing it never sealed (a port-taken restart does this)."""

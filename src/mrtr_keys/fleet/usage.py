@@ -317,10 +317,11 @@ class UsageReporter:
                 over_budget.discard(key.kid)
             if key.state is KeyState.RETIRED or key.state is KeyState.REVOKED:
                 continue
-            for level, at in (("half", WARN_AT), ("over", 1.0)):
-                if fraction >= at and (ring.ring_id, key.kid, level) not in self._warned:
-                    self._warned.add((ring.ring_id, key.kid, level))
-                    log.warning("%s", budget_note(key.kid, t.seals, budget))
+            levels = (("half", WARN_AT), ("over", 1.0))
+            crossed = {(ring.ring_id, key.kid, level) for level, at in levels if fraction >= at}
+            if crossed - self._warned:  # one line for a key found past both thresholds in one round
+                self._warned |= crossed
+                log.warning("%s", budget_note(key.kid, t.seals, budget))
 
     def _failed(self, exc: BaseException) -> None:
         if not isinstance(exc, AuditError | OSError):
