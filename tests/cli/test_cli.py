@@ -112,6 +112,25 @@ def test_keys_list_shows_kids_states_and_times_never_material(keystore: FileKeys
         assert material not in as_json.out + table.out
 
 
+def test_keys_list_and_show_work_while_the_presence_store_is_down(keystore: FileKeystore) -> None:
+    """The seal counts come from the audit store; one that could not be reached made `keys list`, `keys show` and
+    `keys budget` exit 75 without showing the ring, the keys an operator looks up to revoke one during an outage.
+    They show the keys, and one line says why the counts are missing (as for a store that cannot be read)."""
+    down = {"MRTR_KEYS_AUDIT": "postgresql://mrtr@127.0.0.1:1/mrtr"}  # port 1: connection refused
+    kid = keystore.load().primary.kid
+    listed = ok(run_cli("keys", "list", "--json", keystore=keystore.path, env=down)).json()
+    assert [k["kid"] for k in listed["keys"]] == [kid] and listed["keys"][0]["seals"] is None
+    assert listed["seal_counts"] is None and listed["seal_counts_note"].startswith(
+        "seal counts unavailable: cannot connect to the audit store postgresql://mrtr@127.0.0.1:1/mrtr"
+    )
+    table = ok(run_cli("keys", "list", keystore=keystore.path, env=down)).out
+    assert kid in table and "seal counts unavailable: cannot connect" in table
+    shown = ok(run_cli("keys", "show", kid, "--json", keystore=keystore.path, env=down)).json()
+    assert shown["state"] == "primary" and shown["seals"] is None and "cannot connect" in shown["seal_counts_note"]
+    budgets = ok(run_cli("keys", "budget", "--json", keystore=keystore.path, env=down)).json()
+    assert budgets["keys"][0]["kid"] == kid and budgets["keys"][0]["seals"] is None
+
+
 def test_rotate_status_reports_the_phase_the_next_step_and_the_wait(keystore: FileKeystore) -> None:
     idle = ok(run_cli("rotate", "status", "--json", keystore=keystore.path)).json()
     assert idle["phase"] == "idle" and idle["next_step"] == "begin" and idle["generation"] == 1

@@ -51,12 +51,17 @@ def _state_and_format(row: dict[str, Any]) -> str:
 
 
 def _usage(store: Any, ring: Any) -> Any:
-    """The ring's fleet-wide seal counts from its presence store (`mrtr_keys.fleet.usage_view.read_usage`)."""
+    """The ring's fleet-wide seal counts from its presence store (`mrtr_keys.fleet.usage_view.read_usage`); a
+    store that cannot be opened is a note, as one that cannot be read: the keys are still shown."""
     from mrtr_keys.audit.writing.stores.url import existing_store
     from mrtr_keys.cli.options import root_audit
-    from mrtr_keys.fleet.usage_view import read_usage
+    from mrtr_keys.errors import AuditError
+    from mrtr_keys.fleet.usage_view import UsageView, read_usage
 
-    audit = existing_store(store, audit=root_audit())
+    try:
+        audit = existing_store(store, audit=root_audit())
+    except AuditError as exc:
+        return UsageView(None, f"seal counts unavailable: {exc}")
     try:
         return read_usage(audit, ring)
     finally:
