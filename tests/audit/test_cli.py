@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import sqlite3
@@ -103,6 +104,26 @@ def test_verify_exit_codes_and_checkpoint(filled: Path, tmp_path: Path) -> None:
     db.close()
     res = cli("audit", "verify", "--checkpoints", str(tmp_path / "cp.jsonl"), keystore=filled)
     assert res.code == 1 and "BROKEN: truncated" in res.out
+
+
+def test_the_root_audit_option_beats_the_environment_for_audit_commands(filled: Path, tmp_path: Path) -> None:
+    """`mrtr-keys --audit URL audit verify` with MRTR_KEYS_AUDIT set (a CI job's variables, docs/rotation.md) read
+    the environment's store instead: the subcommand's own --audit took the variable and won over the root option,
+    so a tampered store named on the command line verified "ok" (the other store's result)."""
+    tampered = tmp_path / "tampered.db"
+    src, db = sqlite3.connect(filled.parent / "audit.db"), sqlite3.connect(tampered)
+    src.backup(db)  # a copy, WAL included
+    with db:
+        db.execute("UPDATE audit_events SET kid = 'cccccccc' WHERE seq = 2")
+    src.close(), db.close()
+    run = functools.partial(run_cli, keystore=filled, env={"MRTR_KEYS_AUDIT": f"sqlite://{filled.parent / 'audit.db'}"})
+    assert run("audit", "verify").code == 0  # the environment's store, intact
+    root = run("--audit", f"sqlite://{tampered}", "audit", "verify")
+    assert root.code == 1 and root.out.startswith("BROKEN: altered record"), (root.code, root.out, root.err)
+    sub = run("audit", "verify", "--audit", f"sqlite://{tampered}")
+    assert sub.code == 1 and sub.out.startswith("BROKEN: altered record")
+    migrate = run("--audit", f"sqlite://{tmp_path / 'none.db'}", "audit", "migrate")
+    assert migrate.code == 2 and f"no audit log at {tmp_path / 'none.db'}" in migrate.err
 
 
 def test_fingerprint_and_token_query(keystore_path: Path) -> None:

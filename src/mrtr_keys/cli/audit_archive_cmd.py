@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.audit.events import plural
-from mrtr_keys.cli.audit_cmd import AuditOpt, _chain_keys, _default_checkpoints, _open
-from mrtr_keys.cli.audit_options import CheckpointsOpt, progress_lines
+from mrtr_keys.cli.audit_cmd import _chain_keys, _default_checkpoints, _open
+from mrtr_keys.cli.audit_options import AuditOpt, CheckpointsOpt, progress_lines
 from mrtr_keys.cli.audit_prune_cmd import _refuse_inside_gate_window, locked_docs
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 

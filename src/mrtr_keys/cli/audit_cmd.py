@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.audit_options import LedgerOpt, OldToOpt, checkpoints_option
+from mrtr_keys.cli.audit_options import AuditOpt, LedgerOpt, OldToOpt, checkpoints_option
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt, root_state_dir
 from mrtr_keys.errors import AuditError, ConfigError
 
@@ -28,16 +28,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="The token audit log: every seal, unseal and key ring change.", no_args_is_help=True)
 
-AuditOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--audit",
-        envvar="MRTR_KEYS_AUDIT",
-        help="Audit store: sqlite:///PATH, postgresql://..., jsonl:///PATH or off "
-        "[default: audit.db in the state directory].",
-        show_default=False,
-    ),
-]
 SinceOpt = Annotated[str | None, typer.Option("--since", help="From this time: 1h, 15m, 2d, or ISO 8601.")]
 UntilOpt = Annotated[str | None, typer.Option("--until", help="Before this time: 1h, 15m, 2d, or ISO 8601.")]
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from mrtr_keys.audit.events import plural
 from mrtr_keys.audit.writing.stores.base import SCHEMA_VERSION
-from mrtr_keys.cli.audit_cmd import AuditOpt, _open
+from mrtr_keys.cli.audit_cmd import _open
+from mrtr_keys.cli.audit_options import AuditOpt
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
 

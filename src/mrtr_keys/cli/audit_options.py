@@ -3,7 +3,7 @@ progress lines of the long ones.
 
 Its name is ``--checkpoints`` everywhere (``audit archive --to`` is the archive location). ``audit prune``
 and ``audit checkpoint`` called it ``--to`` before; that spelling still works, hidden from ``--help``,
-with a one-line note on stderr.
+with a one-line note on stderr. And the audit store option, ``--audit``, of the root and of the subcommands.
 """
 
 from __future__ import annotations
@@ -14,6 +14,28 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+RootAuditOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit",
+        envvar="MRTR_KEYS_AUDIT",
+        help="Audit store: sqlite:///PATH, postgresql://..., jsonl:///PATH or off "
+        "[default: audit.db in the state directory].",
+        show_default=False,
+    ),
+]
+AuditOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit",
+        help="Audit store: sqlite:///PATH, postgresql://..., jsonl:///PATH or off [default: the root --audit, "
+        "else $MRTR_KEYS_AUDIT, else audit.db in the state directory].",
+        show_default=False,
+    ),
+]
+"""A subcommand's ``--audit``: no environment variable of its own, so ``mrtr-keys --audit URL audit verify`` is
+not overridden by ``MRTR_KEYS_AUDIT`` (the root option reads it; `_open` falls back to the root's value)."""
 
 CheckpointsOpt = Annotated[
     Path | None,

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from mrtr_keys.cli.audit_cmd import AuditOpt, _chain_keys, _default_checkpoints, _keystore, _open
-from mrtr_keys.cli.audit_options import CheckpointsOpt, OldToOpt, checkpoints_option, progress_lines
+from mrtr_keys.cli.audit_cmd import _chain_keys, _default_checkpoints, _keystore, _open
+from mrtr_keys.cli.audit_options import AuditOpt, CheckpointsOpt, OldToOpt, checkpoints_option, progress_lines
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import ConfigError
 

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from mrtr_keys.audit.events import plural
-from mrtr_keys.cli.audit_cmd import AuditOpt, _chain_keys, _open, _trusted_records
-from mrtr_keys.cli.audit_options import SourcesOpt
+from mrtr_keys.cli.audit_cmd import _chain_keys, _open, _trusted_records
+from mrtr_keys.cli.audit_options import AuditOpt, SourcesOpt
 from mrtr_keys.cli.options import JsonOpt, KeystoreOpt
 from mrtr_keys.errors import AuditUnavailable, ConfigError
 

@@ -32,6 +32,7 @@ from mrtr_keys.cli import (
     scope_cmd,
     serve_cmd,
 )
+from mrtr_keys.cli.audit_options import RootAuditOpt
 from mrtr_keys.cli.options import JsonOpt, StateDirOpt, set_root
 from mrtr_keys.errors import MrtrKeysError
 from mrtr_keys.urls import scrub
@@ -74,7 +75,7 @@ def version() -> str:
 
 @app.callback()
 def _root(
-    audit: audit_cmd.AuditOpt = None,
+    audit: RootAuditOpt = None,
     state_dir: StateDirOpt = None,
     log_format: Annotated[
         str | None,
