@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
     parser.add_argument("--seconds", type=float, default=SECONDS, help=f"seconds per wrk run (default {SECONDS})")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or not 0 < args.seconds < 3600:  # no samples: every row's median ratio is NaN, a FAIL
+        parser.error("--rounds must be at least 1 and --seconds from 0 to 3600 (not included)")
     base_rev = args.base or table_revision()
     started = time.monotonic()
     head = _git("rev-parse", "--short=12", "HEAD")

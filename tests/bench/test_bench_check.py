@@ -116,6 +116,17 @@ def test_a_base_this_clone_lacks_is_not_checked_and_a_named_one_is_a_bad_command
     )
 
 
+@pytest.mark.parametrize("bad", [["--rounds", "0"], ["--seconds", "0"], ["--seconds", "nan"]])
+def test_no_rounds_or_seconds_to_measure_is_a_bad_command_line_not_a_regression(bad: list[str]) -> None:
+    """`--rounds 0` built the base, measured nothing and failed every row as a regression (the median ratio of no
+    rounds is NaN, which is not within the tolerance); `--seconds 0` made wrk fail, reported as 'not checked'."""
+    done = subprocess.run([sys.executable, "-m", "bench.check", *bad], cwd=REPO, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines()[-1] == (
+        "python -m bench.check: error: --rounds must be at least 1 and --seconds from 0 to 3600 (not included)"
+    )
+
+
 def test_a_base_that_cannot_run_is_not_checked_and_a_head_that_cannot_fails(tmp_path: Path) -> None:
     false = Path("/bin/false")
     with pytest.raises(NotChecked, match=r"^base: the writer probe failed"):
