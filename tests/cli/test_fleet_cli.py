@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from mrtr_keys.errors import KeystoreUnavailable, NotYet
 from mrtr_keys.factory import request_state_security
 from mrtr_keys.keystores.file import FileKeystore
 from tests.fixtures.audit import cli
+from tests.fixtures.common import run_cli
 
 
 class FakeTime:
@@ -211,6 +213,26 @@ def test_restore_refuses_another_ring(tmp_path: Path) -> None:
     res = cli("rotate", "restore", str(two), keystore=one)
     assert res.code == 2 and "another key ring" in res.err and "nothing was written" in res.err
     assert FileKeystore(one).load().generation == 1
+
+
+def test_restore_reads_only_a_ring_sized_regular_file(tmp_path: Path) -> None:
+    """`rotate restore` read the backup with read_bytes(): a FIFO blocked for ever and /dev/zero was read until
+    memory ran out (a keystore refuses both, and anything over 4 MiB). Each is now one line, exit 2, nothing written."""
+    ring = tmp_path / "keyring.json"
+    assert cli("init", keystore=ring).code == 0
+    fifo, big = tmp_path / "backup.fifo", tmp_path / "big.json"
+    os.mkfifo(fifo)
+    big.write_bytes(b" " * (4 * 1024 * 1024 + 1))
+    for backup, said in (
+        (fifo, "not a regular file (give a key ring file saved earlier)"),
+        (Path("/dev/zero"), "not a regular file (give a key ring file saved earlier)"),
+        (tmp_path, "not a regular file (give a key ring file saved earlier)"),
+        (big, "larger than 4,194,304 bytes, larger than any key ring"),
+        (tmp_path / "none.json", "No such file or directory"),
+    ):
+        res = run_cli("rotate", "restore", str(backup), keystore=ring, timeout=30)
+        assert (res.code, res.err) == (2, f"mrtr-keys: cannot read backup {backup}: {said}\n")
+    assert FileKeystore(ring).load().generation == 1
 
 
 def test_restore_never_brings_a_revoked_key_back(tmp_path: Path) -> None:

@@ -282,18 +282,43 @@ def restore(
     json_: JsonOpt = False,
 ) -> None:
     """Write a backup of this ring back as its next generation (instances refuse a lower generation)."""
-    from pathlib import Path
-
     from mrtr_keys.changes.restore import restore as restore_ring
     from mrtr_keys.cli.options import change_listeners
     from mrtr_keys.cli.output import print_json, print_line
 
-    try:
-        data = Path(backup).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
-    result = restore_ring(keystore(keystore_), parse_ring(data), listeners=change_listeners())
+    result = restore_ring(keystore(keystore_), parse_ring(_read_backup(backup)), listeners=change_listeners())
     if json_:
         print_json({"step": "restore", "generation": result.ring.generation, "message": result.message})
     else:
         print_line(result.message)
+
+
+def _read_backup(backup: str) -> bytes:
+    """The bytes of the ring file `backup`: a regular file of at most `MAX_RING_BYTES` (as a keystore reads a ring),
+    opened without blocking, so a FIFO or ``/dev/zero`` named by mistake is one line, not a hang or all memory.
+
+    Raises:
+        ConfigError: it cannot be read, is not a regular file, or is larger than any key ring.
+    """
+    import os
+    import stat
+
+    from mrtr_keys.keystores.file import MAX_RING_BYTES
+
+    try:
+        fd = os.open(backup, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"cannot read backup {backup}: not a regular file (give a key ring file saved earlier)")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_RING_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
+    if len(data) > MAX_RING_BYTES:
+        raise ConfigError(
+            f"cannot read backup {backup}: larger than {MAX_RING_BYTES:,} bytes, larger than any key ring"
+        )
+    return data
