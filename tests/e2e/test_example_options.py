@@ -45,3 +45,16 @@ def test_create_ring_makes_a_local_ring_once_and_then_reuses_it(tmp_path: Path) 
     assert FileKeystore(path).load().primary.kid == kid
     assert path.stat().st_mode & 0o777 == 0o600
     assert second.codec.unseal(first.codec.seal(b"round")) == b"round"
+
+
+@pytest.mark.parametrize(("port", "said"), [("99999", "from 1 to 65535, not 99999"), ("0", "from 1 to 65535, not 0")])
+def test_a_port_outside_1_to_65535_is_one_line_and_exit_2(
+    port: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--port 99999` started the server on port 34463 (uvicorn binds the port modulo 2^16) while it printed
+    http://127.0.0.1:99999/mcp as the URL to call; `--port 0` printed port 0 and listened on a random one."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--port", port])
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"python -m mrtr_keys.example: error: argument --port: must be {said}"

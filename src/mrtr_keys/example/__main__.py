@@ -39,6 +39,17 @@ MCP_PATH = "/mcp"
 logger = logging.getLogger("mrtr_keys.example")
 
 
+def _port(text: str) -> int:
+    """A TCP port, 1 to 65535 (uvicorn took 99999 as 34463, modulo 2^16, and printed the URL with 99999)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 65535, not {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 65535, not {port}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(
@@ -53,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--audience", default=DEFAULT_NAME, help=f"server name and requestState audience (default {DEFAULT_NAME})"
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    parser.add_argument("--port", type=_port, default=8000, help="listen port, 1 to 65535 (default 8000)")
     parser.add_argument(
         "--instance",
         default="",
