@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,22 @@ def test_serve_refuses_bad_options_with_exit_2(keystore_path: Path, tmp_path: Pa
     cfg.write_text("[sidecar]\nport = 8750\nreload = 3\n")
     r = run_cli("serve", "--config", str(cfg), keystore=keystore_path)
     assert r.code == 2 and "unknown sidecar setting" in r.err
+
+
+def test_serve_reads_only_a_config_sized_regular_file(keystore_path: Path, tmp_path: Path) -> None:
+    """`serve --config` read the file with read_bytes(): a FIFO blocked for ever, /dev/zero was read until memory ran
+    out, and a directory was 'Is a directory' (the client registry and the ring refuse all such already)."""
+    fifo, big = tmp_path / "sidecar.fifo", tmp_path / "big.toml"
+    os.mkfifo(fifo)
+    big.write_bytes(b"#" * (1024 * 1024 + 1))
+    for cfg, said in (
+        (fifo, "not a regular file"),
+        (Path("/dev/zero"), "not a regular file"),
+        (tmp_path, "not a regular file"),
+        (big, "larger than 1,048,576 bytes"),
+    ):
+        r = run_cli("serve", "--config", str(cfg), keystore=keystore_path, timeout=30)
+        assert (r.code, r.err) == (2, f"mrtr-keys: cannot read config file {cfg}: {said}\n")
 
 
 def test_config_file_and_overrides(tmp_path: Path) -> None:

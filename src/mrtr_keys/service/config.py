@@ -268,10 +268,7 @@ def load_config(path: str | Path | None) -> ServiceConfig:
     """
     if path is None:
         return ServiceConfig()
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    data = _read_config(path)
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -280,3 +277,30 @@ def load_config(path: str | Path | None) -> ServiceConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"config file {path}: [sidecar] must be a table")
     return ServiceConfig.from_json(table)
+
+
+MAX_CONFIG_BYTES = 1024 * 1024
+"""A config file larger than this is refused (a few dozen settings take a few hundred bytes)."""
+
+
+def _read_config(path: str | Path) -> bytes:
+    """The bytes of the config file: a regular file of at most `MAX_CONFIG_BYTES`, opened without blocking, so a
+    FIFO or ``/dev/zero`` named by mistake is one line (exit 2), not a hang or a read until memory runs out."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"cannot read config file {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"cannot read config file {path}: larger than {MAX_CONFIG_BYTES:,} bytes")
+    return data
