@@ -17,6 +17,7 @@ from mrtr_keys.keystores.file import FileKeystore
 from mrtr_keys.ring.model import KeyFormat, KeyState
 from mrtr_keys.ring.sdk_keys import read_sdk_key_file
 from tests.cli.test_cli import ok, parallel, refused
+from tests.fixtures.common import run_cli
 from tests.fixtures.sdk_keys import key_secrets
 
 
@@ -106,3 +107,16 @@ def test_bad_key_files_are_one_line_refusals_that_never_echo_the_key_and_write_n
         for secret in secrets:
             assert secret not in line + result.out, call
     assert not any(p.is_dir() for p in tmp_path.iterdir()), "a ring directory was written"
+
+
+def test_a_key_file_that_is_a_fifo_or_a_device_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`init --from-sdk-key-file` opened the file with a blocking open, so a FIFO named by mistake hung the command
+    for ever (nothing ever writes to it); a directory said 'Is a directory'. Each is one line, exit 2, no ring."""
+    fifo = tmp_path / "sdk.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero"), tmp_path):
+        res = run_cli("init", "--from-sdk-key-file", str(path), keystore=tmp_path / "ring.json", timeout=30)
+        assert (res.code, res.err) == (2, f"mrtr-keys: cannot read the key file {path}: not a regular file\n")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_sdk_key_file(fifo)
+    assert not (tmp_path / "ring.json").exists()

@@ -20,7 +20,7 @@ import base64
 import binascii
 import os
 import re
-from pathlib import Path
+import stat
 
 from mrtr_keys.errors import ConfigError, KeyRingError
 
@@ -52,7 +52,11 @@ def read_sdk_key_file(path: str | os.PathLike[str], encoding: str | None = None)
         raise ConfigError(f"--encoding must be hex or base64 (or left out for a raw key), not {encoding!r}")
     name = str(path)
     try:
-        with Path(path).open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"cannot read the key file {name}: not a regular file")
+        with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read the key file {name}: {exc.strerror or type(exc).__name__}") from None
