@@ -126,6 +126,18 @@ def test_the_root_audit_option_beats_the_environment_for_audit_commands(filled: 
     assert migrate.code == 2 and f"no audit log at {tmp_path / 'none.db'}" in migrate.err
 
 
+def test_tail_follow_refuses_an_interval_it_cannot_sleep(filled: Path) -> None:
+    """`audit tail -f --interval -1` (or nan, inf) printed the events, then died with 'internal error: ValueError:
+    sleep length must be non-negative'; `--interval 0` polled the store in a busy loop (a third of a core)."""
+    for value in ("-1", "nan", "inf", "0"):
+        res = cli("audit", "tail", "-f", "--interval", value, keystore=filled)
+        assert (res.code, res.out, res.err) == (
+            2,
+            "",
+            "mrtr-keys: --interval must be a number of seconds from 0.05 to 86400\n",
+        ), value
+
+
 def test_fingerprint_and_token_query(keystore_path: Path) -> None:
     from mrtr_keys.audit.capture.observer import observer_for
 

@@ -130,6 +130,8 @@ def tail(
     """Show the newest events; with -f keep following (with --json: one JSON object a line)."""
     from mrtr_keys.audit.writing.stores.base import Query
 
+    if follow and not 0.05 <= interval <= 86400:  # NaN too; 0 polled the store in a busy loop
+        raise ConfigError("--interval must be a number of seconds from 0.05 to 86400")
     store = _open(audit, keystore_)
     recent = list(reversed(store.query(Query(newest_first=True, limit=max(lines, 0)))))
     events = [r.event.to_json() for r in recent]
