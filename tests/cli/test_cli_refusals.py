@@ -5,6 +5,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
+from mrtr_keys.errors import ConfigError
 from tests.fixtures.common import CliResult, run_cli
 
 
@@ -100,3 +103,25 @@ def test_a_replay_store_url_or_audit_factory_that_cannot_work_is_refused_at_star
         assert "S3cretPW" not in r.out + r.err
     r = run_cli("serve", "--uds", sock, "--config", str(config), keystore=keystore_path, timeout=30)
     one_line(r, 2, "audit_factory 'nomod:nofn' cannot be imported")
+
+
+def test_health_refuses_an_unreadable_url_or_timeout_in_one_line() -> None:
+    """`health` is what probes run: `--url http://[::1` (an unclosed IPv6 host) or `http://host:abc`, and
+    `--timeout -1`, nan or inf were 'internal error: ValueError: ...' (exit 1, as an unhealthy sidecar); a
+    library `request_state_security(sidecar="http://[::1")` raised ValueError instead of ConfigError."""
+    from mrtr_keys.codecs.sidecar_transport import sidecar_transport
+
+    for args, said in (
+        (("--url", "http://ops:S3cretPW@[::1"), "the sidecar URL 'http://[::1' cannot be read: Invalid IPv6 URL"),
+        (("--url", "http://127.0.0.1:abc"), "the sidecar URL 'http://127.0.0.1:abc' cannot be read: Port could not be"),
+        (("--url", "http://127.0.0.1:99999"), "the sidecar URL 'http://127.0.0.1:99999' cannot be read: Port out of"),
+        (("--timeout", "-1"), "--timeout must be a number of seconds above 0 and at most 300"),
+        (("--timeout", "nan"), "--timeout must be a number of seconds above 0 and at most 300"),
+        (("--timeout", "inf"), "--timeout must be a number of seconds above 0 and at most 300"),
+        (("--wait", "nan"), "--wait must be a number of seconds from 0 to 86400"),
+    ):
+        r = run_cli("health", *args)
+        assert r.code == 2 and r.err.startswith(f"mrtr-keys: {said}") and r.err.count("\n") == 1, (args, r.err)
+        assert "S3cretPW" not in r.err
+    with pytest.raises(ConfigError, match="cannot be read: Invalid IPv6 URL"):
+        sidecar_transport("http://[::1")

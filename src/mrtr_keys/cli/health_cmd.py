@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mrtr_keys.cli.options import JsonOpt
-from mrtr_keys.errors import MrtrKeysError
+from mrtr_keys.errors import ConfigError, MrtrKeysError
 
 DEFAULT_URL = "http://127.0.0.1:8750"
 """Without --url or MRTR_KEYS_SIDECAR_URL: this host, port MRTR_KEYS_PORT (as `serve` reads it) or 8750."""
@@ -39,6 +39,10 @@ def health(
     from mrtr_keys.cli.output import print_json, print_line
     from mrtr_keys.codecs.sidecar_transport import sidecar_transport
 
+    if not 0 < timeout <= 300:  # NaN too: httpx and time.sleep raised ValueError, an internal error
+        raise ConfigError("--timeout must be a number of seconds above 0 and at most 300")
+    if not 0 <= wait <= 86400:
+        raise ConfigError("--wait must be a number of seconds from 0 to 86400")
     port = os.environ.get("MRTR_KEYS_PORT")
     target = url or (f"http://127.0.0.1:{port}" if port else DEFAULT_URL)
     sidecar_transport(target)  # a bad URL is a usage error at once, not after --wait

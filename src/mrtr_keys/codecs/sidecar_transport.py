@@ -36,7 +36,11 @@ def sidecar_transport(url: str) -> tuple[str, httpx.HTTPTransport]:
     """
     if not isinstance(url, str):
         raise ConfigError("the sidecar URL must be a string")
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+    except ValueError as exc:  # "http://[::1" (an unclosed IPv6 host), "http://host:abc"
+        raise ConfigError(f"the sidecar URL {redact(url)!r} cannot be read: {exc}") from None
     if parsed.scheme == "unix":
         path = unquote(parsed.path)
         if parsed.netloc or not path:
