@@ -125,3 +125,24 @@ def test_health_refuses_an_unreadable_url_or_timeout_in_one_line() -> None:
         assert "S3cretPW" not in r.err
     with pytest.raises(ConfigError, match="cannot be read: Invalid IPv6 URL"):
         sidecar_transport("http://[::1")
+
+
+def test_a_keystore_audit_or_vault_url_that_cannot_be_parsed_is_one_line(tmp_path: Path) -> None:
+    """An unclosed IPv6 host ('[::1') in a file:// keystore URL, a sqlite:// audit URL or VAULT_ADDR made urllib
+    raise ValueError: 'internal error: ValueError: Invalid IPv6 URL', exit 1. Now a bad command line, exit 2."""
+    for args, env, said in (
+        (("keys", "list", "--keystore", "file://[::1/x"), {}, "cannot read the keystore URL 'file://[::1/x'"),
+        (("--audit", "sqlite://[::1/x", "audit", "query"), {}, "cannot read the audit store URL 'sqlite://[::1/x'"),
+        (
+            ("keys", "list", "--keystore", "vault-kv://secret/ring"),
+            {"VAULT_ADDR": "http://[::1", "VAULT_TOKEN": "t"},
+            "Vault address 'http://[::1' cannot be read: Invalid IPv6 URL",
+        ),
+        (
+            ("keys", "list", "--keystore", "vault-kv://secret/ring"),
+            {"VAULT_ADDR": "http://vault:abc", "VAULT_TOKEN": "t"},
+            "Vault address 'http://vault:abc' cannot be read: Port could not be cast",
+        ),
+    ):
+        r = run_cli(*args, keystore=tmp_path / "keyring.json", env=env)
+        assert r.code == 2 and r.err.startswith(f"mrtr-keys: {said}") and r.err.count("\n") == 1, (args, r.err)

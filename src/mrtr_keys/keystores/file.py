@@ -42,7 +42,10 @@ def path_from_url(url: str) -> Path:
     Raises:
         ConfigError: a host other than localhost, or no path.
     """
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as exc:  # "file://[::1/x": an unclosed IPv6 host
+        raise ConfigError(f"cannot read the keystore URL {url!r}: {exc} (file:///PATH)") from None
     if parsed.netloc not in ("", "localhost"):
         raise ConfigError("a file:// keystore URL names a local path (file:///PATH)")
     if not parsed.path:

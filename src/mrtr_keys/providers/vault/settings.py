@@ -70,7 +70,13 @@ class VaultSettings:
     max_retries: int = DEFAULT_MAX_RETRIES
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.addr)
+        try:
+            parts = urlsplit(self.addr)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+        except ValueError as exc:  # "http://[::1": an unclosed IPv6 host
+            raise ConfigError(
+                f"Vault address {self.addr!r} cannot be read: {exc} (set VAULT_ADDR or BAO_ADDR)"
+            ) from None
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"Vault address {self.addr!r} is not an http(s) URL (set VAULT_ADDR or BAO_ADDR)")
         if not (self.timeout > 0 and self.timeout < 3600):

@@ -36,7 +36,10 @@ def path_from_url(url: str) -> Path:
     Raises:
         ConfigError: no path.
     """
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as exc:  # "sqlite://[::1/x": an unclosed IPv6 host
+        raise ConfigError(f"cannot read the audit store URL {url!r}: {exc} (sqlite:///PATH)") from None
     if parsed.netloc not in ("", "localhost"):
         raise ConfigError("a sqlite audit URL names a local file: sqlite:///PATH")
     path = unquote(parsed.path)
