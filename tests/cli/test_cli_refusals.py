@@ -146,3 +146,25 @@ def test_a_keystore_audit_or_vault_url_that_cannot_be_parsed_is_one_line(tmp_pat
     ):
         r = run_cli(*args, keystore=tmp_path / "keyring.json", env=env)
         assert r.code == 2 and r.err.startswith(f"mrtr-keys: {said}") and r.err.count("\n") == 1, (args, r.err)
+
+
+def test_an_s3_location_without_a_valid_bucket_name_is_refused_up_front(tmp_path: Path) -> None:
+    """botocore checks a bucket name only at the first call: `audit archive --to s3://bad_bucket!/x` was 'internal
+    error: ParamValidationError' (exit 1), and `serve --audit-anchor s3://[::1` served, then logged a multi-line
+    WARNING at every anchor run. Each is now one line and exit 2 before anything starts."""
+    ring = tmp_path / "keyring.json"
+    assert run_cli("init", keystore=ring).code == 0
+    for args, bucket in (
+        (("audit", "archive", "--before", "30d", "--to", "s3://bad_bucket!/x"), "bad_bucket!"),
+        (("audit", "verify", "--checkpoints", "s3://[::1/x"), "[::1"),
+        (("serve", "--port", str(_free_port()), "--audit-anchor", "s3://[::1"), "[::1"),
+    ):
+        r = run_cli(*args, keystore=ring, timeout=30)
+        assert r.code == 2 and r.err.count("\n") == 1, (args, r.err)
+        assert f"{bucket!r} is not a bucket name (letters, digits, '.', '-', '_')" in r.err, r.err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -19,6 +19,7 @@ all writes are idempotent puts of new names.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -36,6 +37,9 @@ _OUTAGE_CODES = ("SlowDown", "ServiceUnavailable", "RequestTimeout", "InternalEr
 """S3 error codes of a service that cannot answer now (with any 5xx: `AuditUnavailable`, exit 75)."""
 MODES = ("GOVERNANCE", "COMPLIANCE")
 
+_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}")
+"""The bucket names botocore lets through (its ParamValidationError otherwise; an ARN is checked by botocore)."""
+
 
 class S3Destination:
     """``s3://BUCKET[/PREFIX]``: objects ``PREFIX/NAME``. See the module docstring for retention."""
@@ -51,6 +55,8 @@ class S3Destination:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         if not bucket:
             raise ConfigError(f"archive location {uri!r}: no bucket (use s3://BUCKET/PREFIX)")
+        if not (_BUCKET.fullmatch(bucket) or bucket.startswith("arn:")):  # botocore's own check, at the first call
+            raise ConfigError(f"s3 location {uri!r}: {bucket!r} is not a bucket name (letters, digits, '.', '-', '_')")
         if retain_days is not None and not retain_days > 0:
             raise ConfigError("--retain-days must be a positive number of days")
         if retain_mode is not None:
