@@ -238,3 +238,31 @@ def test_a_redis_store_closes_the_connection_of_a_thread_that_ended(redis_replay
     finally:
         store.close()
     assert _sockets_to(port) == before
+
+
+def test_a_redis_store_serves_any_number_of_threads_over_its_life(redis_replay_url: str) -> None:
+    """A sidecar's worker threads come and go for as long as it runs. Each new thread's connection was made by
+    the redis-py pool, which counts every connection it makes against max_connections (100 since redis-py 8)
+    and never learnt that those of ended threads were closed: the 101st thread's consume raised
+    MaxConnectionsError, not even ReplayStoreUnavailable, and the sidecar answered HTTP 500 to every unseal
+    from then on (issue 40's 60-minute chaos run, 1,473 failed requests on one sidecar)."""
+    store = replay.open_store(redis_replay_url)
+    port = int(redis_replay_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    results: list[object] = []
+
+    def consume() -> None:
+        try:
+            results.append(store.consume(os.urandom(16), 60_000))
+        except Exception as exc:  # the assertion below names it
+            results.append(exc)
+
+    try:
+        before = _sockets_to(port)
+        for _ in range(150):
+            worker = threading.Thread(target=consume)
+            worker.start()
+            worker.join()
+        assert results == [True] * 150, [r for r in results if r is not True][:1]
+        assert _sockets_to(port) - before <= 2
+    finally:
+        store.close()

@@ -127,7 +127,12 @@ class RedisReplayStore:
         pid = os.getpid()
         if held is not None and held[0] == pid:
             return held[1]
-        conn = self._client.connection_pool.make_connection()
+        # Made from the pool's class and settings, not by `make_connection`: the pool counts every connection it
+        # makes against its max_connections (100 by default since redis-py 8) and forgets none it did not hand
+        # out itself, so the 101st thread of a sidecar's life got MaxConnectionsError (HTTP 500 on every unseal
+        # from then on, issue 40's 60-minute run) though the connections of ended threads are closed below.
+        pool = self._client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
         with self._lock:
             ended = [c for t, c in self._held if not t.is_alive()]
             self._held = [(t, c) for t, c in self._held if t.is_alive()]
@@ -143,12 +148,14 @@ class RedisReplayStore:
         Raises:
             ReplayStoreUnavailable: Redis unreachable, timed out, or answered an error.
         """
-        conn = self._connection()
         try:
+            conn = self._connection()
             conn.send_command("SET", self._prefix + token_id.hex().encode("ascii"), b"1", "NX", "PX", ttl_ms)
             reply = conn.read_response()
         except self._errors as exc:
-            conn.disconnect()
+            held = getattr(self._local, "held", None)
+            if held is not None:
+                held[1].disconnect()
             raise self._health.failed(exc) from None
         self._health.ok()
         return reply is not None
