@@ -122,6 +122,11 @@ def expected_events(rounds: Iterable[Round], members: dict[str, Member], fp: Cal
     return out
 
 
+RECORD_SLACK = 0.5
+"""Seconds by which two openers' audit times may understate the time between two opens (their clocks are the
+host's; an event's time is taken just after the decision)."""
+
+
 def check_events(
     index: AuditIndex,
     expected: list[Expected],
@@ -129,10 +134,13 @@ def check_events(
     timeline: Timeline,
     report: Callable[[float, str, str], None],
     spent_again: frozenset[str] | set[str] = frozenset(),
+    record_life: float = 0.0,
 ) -> dict[str, int]:
     """Report each violation of the module docstring's rules through `report(at, what, evidence)`; the
     counts (``expected``, ``found``, ``lost_with_a_kill``, ``counted_dropped``). `spent_again`: fingerprints of
-    tokens the checker found served twice by design (`Checker.spent_again`)."""
+    tokens the checker found served twice by design (`Checker.spent_again`), which holds only if the second
+    open came at least `record_life` seconds (the single-use record's: the ring's TTL + 60 s) after the
+    first, by the openers' own audit times."""
     seals_seen: set[str] = set()
     missing: dict[int, list[Expected]] = collections.defaultdict(list)
     counts = collections.Counter[str]()
@@ -169,6 +177,13 @@ def check_events(
         oks = [e for e in events if e.op == "unseal" and e.outcome == "ok"]
         if len(oks) > 1 and events[0].fp not in spent_again:
             report(oks[1].time, "a token was opened twice (single use broken, in the audit log)", repr(oks))
+        elif len(oks) > 1 and oks[1].time - oks[0].time < record_life - RECORD_SLACK:
+            report(
+                oks[1].time,
+                f"a token was opened again {oks[1].time - oks[0].time:.1f} s after its first open, inside its "
+                f"single-use record's {record_life:.0f} s",
+                repr(oks),
+            )
     return dict(counts)
 
 

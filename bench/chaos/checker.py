@@ -131,7 +131,10 @@ class Checker:
         served, when its single-use record has expired by design (docs/single-use.md, "The record")."""
         outcome = r.outcome
         if outcome == "accepted":
-            late = r.t_sealed is not None and (r.t_open or r.t0) - r.t_sealed > self.ttl + SKEW - DOWN_SLACK
+            # Provisional: the opener may have served it any time up to the answer (a paused sidecar answers
+            # a call sent before the record expired after it), and the record lives from the token's first
+            # use, not its seal; `audit_check.check_events` judges it by the two opens' own audit times.
+            late = r.t_sealed is not None and r.t1 - r.t_sealed > self.ttl + SKEW - DOWN_SLACK
             if r.kind == "replay" and r.detail == "sidecar" and late:
                 outcome = "accepted, no exp and its record expired (by design)"
                 self.spent_again.append(r)

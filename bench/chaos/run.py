@@ -24,7 +24,7 @@ from tests.fixtures.common import run_cli
 from tests.support.lateness import Relay
 
 from bench.chaos import audit_check, fleet, report, resources
-from bench.chaos.checker import Checker
+from bench.chaos.checker import SKEW, Checker
 from bench.chaos.fleet import AUDIENCE, Deps, Links, Member
 from bench.chaos.nemesis import Nemesis, Timeline
 from bench.chaos.probes import Prober
@@ -274,7 +274,9 @@ def _run(
     expected = audit_check.expected_events(traffic.rounds, r.members, fp)
     dropped = audit_check.last_dropped(prober.samples.members)
     spent_again = {fp(x.token) for x in checker.spent_again if x.token}
-    audit_counts = audit_check.check_events(index, expected, dropped, nemesis.timeline, checker.report, spent_again)
+    audit_counts = audit_check.check_events(
+        index, expected, dropped, nemesis.timeline, checker.report, spent_again, record_life=checker.ttl + SKEW
+    )
     code, out = audit_check.verify(r.env(), run_cli, r.anchors)
     if code != 0:
         checker.report(time.time(), f"audit verify exited {code}", out)

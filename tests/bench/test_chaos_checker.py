@@ -7,9 +7,10 @@ older than the TTL), as is a failure on an instance that was killed or paused at
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from bench.chaos.audit_check import AuditIndex, Event
+from bench.chaos.audit_check import AuditIndex, Event, check_events
 from bench.chaos.checker import Checker
 from bench.chaos.fleet import Life, Member
 from bench.chaos.nemesis import Applied, Timeline
@@ -128,3 +129,34 @@ def test_a_rejection_without_an_event_is_by_design_when_the_token_names_a_key_re
     too_early.revoked = [(T + 5, kid)]
     too_early.classify_rounds([rejected], _index(None), _fp)
     assert [v.what for v in too_early.violations] == ["mcp round 2 rejected on mcp-2"]
+
+
+def test_a_replay_answered_after_its_record_expired_is_judged_by_the_two_opens_audit_times() -> None:
+    """Issue 40's 60-minute run (seed 2026): a replay sent 87 s after the token's first open reached a sidecar
+    that a pause held until the record (TTL 30 s + 60 s) had expired; it was opened 94.3 s after the first open,
+    as designed, but judged by the time it was sent it was reported as single use broken. The answer's time
+    makes it a candidate, and the openers' audit times decide: a second open inside the record's life is still
+    a violation."""
+    sent_early = _round("accepted", "sidecar", kind="replay", t_sealed=T - 87, t_open=T)
+    sent_early.t1 = T + 7.4
+    checker = _checker()
+    checker.classify_rounds([sent_early], _index(None), _fp)
+    assert checker.violations == []
+    assert checker.forger == {"replay accepted, no exp and its record expired (by design)": 1}
+
+    def opens(gap: float) -> AuditIndex:
+        index = AuditIndex()
+        index.by_fingerprint["fp-tok"] = [
+            Event("fp-tok", T - 87, 102, "unseal", "ok", None, "k1"),
+            Event("fp-tok", T - 87 + gap, 101, "unseal", "ok", None, "k1"),
+        ]
+        return index
+
+    for gap, expected in ((94.3, []), (60.0, ["a token was opened again 60.0 s after its first open"])):
+        reported: list[tuple[float, str, str]] = []
+        check_events(opens(gap), [], {}, Timeline([]), _collect(reported), {"fp-tok"}, record_life=90.0)
+        assert [what.split(", inside")[0] for _, what, _ in reported] == expected
+
+
+def _collect(into: list[tuple[float, str, str]]) -> Callable[[float, str, str], None]:
+    return lambda at, what, evidence: into.append((at, what, evidence))
