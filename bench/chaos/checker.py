@@ -217,14 +217,24 @@ class Checker:
         the shared PostgreSQL did not acknowledge for the store's 1 s (docs/audit.md), and is counted."""
         checked: collections.Counter[str] = collections.Counter()
         spell: dict[str, list[Any]] = {}
+        unanswered: dict[str, float] = {}
+        """Each sidecar's latest sample it did not answer: a store outage it could not see while paused, or
+        while catching up after one, is judged from its first answer on (the grace then applies)."""
         for s in sorted(samples.members, key=lambda x: x.at):
             member = self.members[s.name]
             if member.kind != "sidecar":
                 continue
             bound = grace + self.lateness(s.at - grace, s.at)
             down = s.doc.get("down") or {}
+            if s.status is None:
+                unanswered[s.name] = s.at
+            answering = unanswered.get(s.name, float("-inf")) < s.at - bound
             for component in ("replay", "audit"):
-                if s.status is not None and self._held(s.name, component, s.at - bound, s.at + HELD_SLACK):
+                if (
+                    s.status is not None
+                    and answering
+                    and self._held(s.name, component, s.at - bound, s.at + HELD_SLACK)
+                ):
                     checked[f"{component} down -> 503"] += 1
                     if s.status != 503 or component not in down:
                         what = f"{s.name} /readyz {s.status} while its {component} store was down {bound:.1f} s"

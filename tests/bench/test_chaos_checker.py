@@ -14,6 +14,7 @@ from bench.chaos.audit_check import AuditIndex, Event, check_events
 from bench.chaos.checker import Checker
 from bench.chaos.fleet import Life, Member
 from bench.chaos.nemesis import Applied, Timeline
+from bench.chaos.probes import Sample, Samples
 from bench.chaos.schedule import Fault
 from bench.chaos.traffic import Round
 
@@ -160,3 +161,27 @@ def test_a_replay_answered_after_its_record_expired_is_judged_by_the_two_opens_a
 
 def _collect(into: list[tuple[float, str, str]]) -> Callable[[float, str, str], None]:
     return lambda at, what, evidence: into.append((at, what, evidence))
+
+
+def test_readiness_is_judged_from_a_sidecars_first_answer_after_it_could_not_answer() -> None:
+    """Issue 40's 60-minute run (seed 2026): a sidecar resumed from a 15 s pause into an audit store outage
+    answered no probe for 5 s more while it caught up, then said 200 (its first events after the pause not yet
+    unacknowledged for the store's 1 s) and 503 two seconds later; judged from the outage's start, that was a
+    violation. A sidecar that answers nothing cannot say anything untrue: the grace runs from its first answer,
+    and a 200 past it is still a violation."""
+    sc = Member("sc-1", "sidecar", [], {}, 0, Path("."), {}, lives=[Life(201, T - 100)])
+    outage = _fault("blackhole", "all", T, T + 60, dependency="audit")
+    checker = Checker({"sc-1": sc}, Timeline([outage]), ttl=30.0)
+    down = {"ready": False, "down": {"audit": "silent"}}
+    samples = Samples(
+        members=[
+            Sample(T + 10, "sc-1", 201, None),  # paused, then catching up: no answer
+            Sample(T + 12, "sc-1", 201, 200, {"ready": True}),  # 2 s after its first answer: within the grace
+            Sample(T + 14, "sc-1", 201, 503, down),
+            Sample(T + 22, "sc-1", 201, 200, {"ready": True}),  # answering for 10 s and still 200: a violation
+        ]
+    )
+    checker.check_readiness(samples, grace=5.0)
+    assert [(v.at, v.what) for v in checker.violations] == [
+        (T + 22, "sc-1 /readyz 200 while its audit store was down 5.0 s")
+    ]
