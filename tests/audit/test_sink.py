@@ -179,3 +179,31 @@ def test_closing_while_the_failed_batch_is_stored_again_counts_it_once(
     proxy.faults.restore()
     assert _count(postgres_url) == written
     assert (written, dropped) == (11, 0), caplog.text
+
+
+def test_a_ring_loaded_write_waiting_on_a_silent_store_makes_the_sink_unhealthy_while_it_waits(
+    pg_fault_proxy: tuple[CountingProxy, str], make_sink: Callable[..., AuditSink]
+) -> None:
+    """A synchronous write (the ``ring-loaded`` of a reload, a ring change) to a store that holds its
+    connection without answering waits until the connection breaks. With nothing else waiting on the store
+    the sink said healthy all that time: in issue 40's 60-minute run a sidecar resumed from a 15 s pause into
+    an audit store outage reloaded the ring, its ``ring-loaded`` waited 8 s, and its ``/readyz`` said 200
+    with the store down. Readiness now counts such a wait as silence (SILENT_AFTER, 1 s), as it does for
+    batches the writer has not acknowledged."""
+    import threading
+
+    sink, proxy = _stored_one_through_a_proxy(pg_fault_proxy, make_sink)
+    proxy.faults.blackhole()
+    writer = threading.Thread(target=sink.ring_loaded, args=("svc", 7, "aaaaaaaa"), daemon=True)
+    writer.start()
+    reason = None
+    while writer.is_alive() and reason is None:  # until the write gives up (its 2 s deadline) or is seen
+        if not sink.healthy:
+            reason = sink.last_error
+        time.sleep(0.05)
+    proxy.faults.restore()
+    writer.join(30)
+    assert reason is not None, "the sink said healthy for as long as the write waited"
+    assert "has not answered a write for" in reason
+    until(sink.probe, 30, "the store answering again")
+    sink.close()

@@ -203,18 +203,23 @@ class AuditSink:
         error = self._direct.error or (self._process.error if self._process is not None else None)
         if error is None and (silent := self._silent_for()) > SILENT_AFTER:
             error = f"the audit store has acknowledged no write for {silent:.1f} s (store {self.store.url})"
+        if error is None and (waiting := self._direct.sync_waiting_for()) > SILENT_AFTER:
+            # a ring-loaded or ring change written in the caller's thread: with no batch waiting on the writer
+            # process (a sidecar resumed after a pause, its reload the first write), this was the only sign
+            error = f"the audit store has not answered a write for {waiting:.1f} s (store {self.store.url})"
         return error
 
     @property
     def healthy(self) -> bool:
         """False while the last write to the store failed, while the store has acknowledged nothing
-        for `SILENT_AFTER` seconds with events waiting (a silent store), or after the writer process
+        for `SILENT_AFTER` seconds with events waiting (a silent store), while a synchronous write (a
+        ``ring-loaded``, a ring change) has waited for it longer than that, or after the writer process
         died (until a new one has stored a batch)."""
         healthy = self.last_error is None and not self._closed
         if healthy:
             self._down_at = None
         elif self._down_at is None:
-            self._down_at = time.time() - self._silent_for()
+            self._down_at = time.time() - max(self._silent_for(), self._direct.sync_waiting_for())
         return healthy
 
     @property

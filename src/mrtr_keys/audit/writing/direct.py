@@ -61,6 +61,8 @@ class DirectWriter:
         self._count_lock = threading.Lock()
         self._retry_at = 0.0
         self._retry_delay = RETRY_MIN
+        self._sync_since: float | None = None
+        """Monotonic time a synchronous write (`write_now`) began, None while none is under way."""
         self._doubt: tuple[list[tuple[object, ...]], list[tuple[object, ...]], int] | None = None
         """(linked rows, the values they were cut from, where in them they start) of the last failed
         append, until the store said what it holds."""
@@ -155,7 +157,21 @@ class DirectWriter:
 
     def write_now(self, events: Sequence[AuditEvent]) -> None:
         """Chain and store `events` before returning. Raises: AuditError (store not written)."""
-        self.append([event_values(e) for e in events])
+        began = time.monotonic()
+        self._sync_since = began
+        try:
+            self.append([event_values(e) for e in events])
+        finally:
+            if self._sync_since == began:
+                self._sync_since = None
+
+    def sync_waiting_for(self) -> float:
+        """Seconds a synchronous write (a ``ring-loaded``, a ring change) has waited for the store so far; 0.0
+        when none is under way. A store that holds its connections without answering keeps such a write
+        until the connection breaks, which can be longer than the write deadline when the write must
+        connect first; the sink counts it as silence (`mrtr_keys.audit.capture.sink.SILENT_AFTER`)."""
+        since = self._sync_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def ring_loaded(
         self, audience: str | None, generation: int, kid: str | None, *, strict: bool, defer: bool = False
