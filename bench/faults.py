@@ -115,8 +115,11 @@ def _sidecar(
     keystore: str | None = None,
     env: dict[str, str] | None = None,
 ) -> tuple[object, str]:
-    """A sidecar on a new file ring in `work` (or on `keystore`, a ring already there), one client."""
+    """A sidecar on a new file ring in `work` (or on `keystore`, a ring already there), one client, with the
+    run's fleet audit key (`_fleet_audit_key`): the rows share one PostgreSQL audit store, and a store chained
+    under one key refuses a writer with another (docs/audit.md, Keyed links)."""
     work.mkdir(parents=True, exist_ok=True)
+    env = {"MRTR_KEYS_AUDIT_KEY_FILE": str(_fleet_audit_key(services)), **(env or {})}
     ring: Path | str = keystore or work / "keyring.json"
     if keystore is None:
         create_ring(FileKeystore(ring), audiences=[AUDIENCE])
@@ -127,6 +130,16 @@ def _sidecar(
     svc = start_sidecar_process(ring, workdir=work, args=["--clients", str(work / "clients.json"), *args], env=env)
     services.track(svc.proc)
     return svc, secret
+
+
+def _fleet_audit_key(services: Services) -> Path:
+    """The audit key file every sidecar of this part uses (32 random bytes, mode 0600, made once a run)."""
+    path = services.workdir / "faults-audit.key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+    return path
 
 
 class Windows:
