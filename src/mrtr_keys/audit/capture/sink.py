@@ -10,20 +10,19 @@ an `AuditItem`: no hashing, no I/O. Two writers (``mode``):
   (`mrtr_keys.audit.writing.writer.child`, started on the first batch or by `start_writer`, restarted on
   the next batch after it died) fingerprints, chains and stores, on its own interpreter lock and
   CPU, and acknowledges what it stored.
-* ``"thread"``: the writer thread wakes every `interval` (50 ms) and fingerprints, chains and
-  appends in this process, holding its interpreter lock while it does.
+* ``"thread"``: the writer thread wakes every `interval` (50 ms), fingerprints, chains and appends here.
 
 The queue (`mrtr_keys.audit.capture.queue.AuditQueue`) is bounded in events and bytes; past its
 high-water mark it slows callers instead of dropping (see there). A failed write is retried with
-the same batch (the chain stays gap-free). `healthy` is False while writes fail or after the
+the same batch (the chain stays gap-free). `healthy` is False while writes fail, the store is silent or the
 writer process died (the sidecar's /readyz and strict mode use it); events shipped to a process
 that died before storing them count as dropped (exactly: the store is asked how far its chain got).
 
 A rejection the MCP SDK reports just after our codec unsealed a token (`mrtr_keys.audit.capture.sdk_capture`)
 replaces that ``unseal ok`` item in the queue with one ``unseal rejected`` event carrying the SDK's
 reason (`retract`); only if the item already left the queue is the rejection an event of its own.
-Synchronous writes (`write_now`, `ring_loaded`) happen in the caller's process, on the sink's
-own chain. Every sink is closed at interpreter exit and renewed in a forked child (`mrtr_keys.audit.capture.live`).
+Synchronous writes (`write_now`, `ring_loaded`) happen in the caller's process, on the sink's own chain.
+Every sink is closed at interpreter exit and renewed in a forked child (`mrtr_keys.audit.capture.live`).
 """
 
 from __future__ import annotations
@@ -60,10 +59,9 @@ FINAL_WAIT = 5.0
 """Seconds a flush or close waits for a full pipe to take the last frames."""
 Mode = Literal["thread", "process"]
 SILENT_AFTER = 1.0
-"""Seconds a store may leave shipped events unacknowledged before it counts as down (`healthy` False,
-so strict mode refuses and ``/readyz`` fails): its write deadline for readiness (docs/audit.md)."""
-IDLE_INTERVAL = 0.5
-"""Seconds between thread-mode wake-ups while nothing is queued (an idle sink costs almost nothing)."""
+"""Seconds a store may leave shipped events unacknowledged, or a synchronous write waiting, before it counts as down
+(`healthy` False, so strict mode refuses and ``/readyz`` fails): its write deadline for readiness (docs/audit.md)."""
+IDLE_INTERVAL = 0.5  # seconds between thread-mode wake-ups while nothing is queued (an idle sink costs almost nothing)
 
 _writer_ids = itertools.count(1)
 
@@ -203,18 +201,15 @@ class AuditSink:
         error = self._direct.error or (self._process.error if self._process is not None else None)
         if error is None and (silent := self._silent_for()) > SILENT_AFTER:
             error = f"the audit store has acknowledged no write for {silent:.1f} s (store {self.store.url})"
-        if error is None and (waiting := self._direct.sync_waiting_for()) > SILENT_AFTER:
-            # a ring-loaded or ring change written in the caller's thread: with no batch waiting on the writer
-            # process (a sidecar resumed after a pause, its reload the first write), this was the only sign
+        if error is None and (waiting := self._direct.sync_waiting_for()) > SILENT_AFTER:  # a ring-loaded, say
             error = f"the audit store has not answered a write for {waiting:.1f} s (store {self.store.url})"
         return error
 
     @property
     def healthy(self) -> bool:
-        """False while the last write to the store failed, while the store has acknowledged nothing
-        for `SILENT_AFTER` seconds with events waiting (a silent store), while a synchronous write (a
-        ``ring-loaded``, a ring change) has waited for it longer than that, or after the writer process
-        died (until a new one has stored a batch)."""
+        """False while the last write to the store failed, while the store has acknowledged nothing for
+        `SILENT_AFTER` seconds with events waiting or a synchronous write (``ring-loaded``, a ring change)
+        waiting (a silent store), or after the writer process died (until a new one has stored a batch)."""
         healthy = self.last_error is None and not self._closed
         if healthy:
             self._down_at = None
