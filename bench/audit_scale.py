@@ -57,23 +57,54 @@ KEY_ENV: dict[str, str] = {}
 """``MRTR_KEYS_AUDIT_KEY_FILE`` of the run: the fleet audit key the logs are filled and verified with."""
 
 
+_PEAK = """
+import atexit, os, re, resource, sys
+def _peak():
+    own = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    os.write(int(os.environ["BENCH_PEAK_FD"]), str(max(own, children)).encode())
+atexit.register(_peak)
+from mrtr_keys.cli.main import run
+sys.argv = ['mrtr-keys', *sys.argv[1:]]
+run()
+"""
+"""The CLI, reporting at exit the largest resident set of its own process (VmHWM, which exec resets) and of
+the children it waited for (verify's readers, forked from it) in KiB. Not `wait4`'s ``ru_maxrss`` of the
+CLI: Linux keeps that high-water mark across fork and exec, so it read at least the bench process's own size
+(241 MB in the 2026-12-07 table, at every size and for every command)."""
+
+
 def _cli(*args: str, codes: tuple[int, ...] = (0, 1)) -> tuple[dict[str, object], float, int]:
-    """(JSON output, wall seconds, peak RSS MiB) of ``mrtr-keys ARGS`` in a child process (exit code
-    in `codes`)."""
-    code = "import sys\nfrom mrtr_keys.cli.main import run\nsys.argv = ['mrtr-keys', *sys.argv[1:]]\nrun()\n"
+    """(JSON output, wall seconds, peak RSS MiB: the largest of the CLI's process and its readers) of
+    ``mrtr-keys ARGS`` in a child process (exit code in `codes`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MRTR_KEYS_")} | KEY_ENV
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, env=env, cwd=REPO)
-        _, status, usage = os.wait4(proc.pid, 0)
-        elapsed = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        text = out.read().decode()
-        if proc.returncode not in codes:
-            raise RuntimeError(f"mrtr-keys {' '.join(args)}: {err.read().decode().strip()}")
-    return json.loads(text), elapsed, usage.ru_maxrss // 1024
+    read, write = os.pipe()
+    try:
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _PEAK, *args],
+                stdout=out,
+                stderr=err,
+                env={**env, "BENCH_PEAK_FD": str(write)},
+                cwd=REPO,
+                pass_fds=(write,),
+            )
+            os.close(write)
+            write = -1
+            returncode = proc.wait()
+            elapsed = time.perf_counter() - started
+            peak_kib = int(os.read(read, 64) or b"0")
+            out.seek(0)
+            err.seek(0)
+            text = out.read().decode()
+            if returncode not in codes:
+                raise RuntimeError(f"mrtr-keys {' '.join(args)}: {err.read().decode().strip()}")
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+    return json.loads(text), elapsed, peak_kib // 1024
 
 
 def _bare_read(url: str) -> float:
