@@ -47,6 +47,7 @@ BY_DESIGN = {
     "replayed": "single-use replay (the other copy of a race won)",
     "expired": "older than the TTL",
     "revoked kid": "a revoked key",
+    "unknown kid": "the key a revocation put in place, unknown to an instance cut from its keystore",
 }
 
 
@@ -183,6 +184,12 @@ class Checker:
         elif reason == "revoked kid":
             kid = events[0].kid
             why = BY_DESIGN[reason] if any(k == kid and at <= r.t1 for at, k in self.revoked) else None
+        elif reason == "unknown kid":
+            # A revocation replaces the primary at once, not by phases (docs/rotation.md): an instance whose
+            # keystore link is down since before it cannot load the new key, and `keys revoke` names it.
+            revoked = [at for at, _ in self.revoked if r.t0 - self.ttl <= at <= r.t1]
+            cut = any(self._held(r.opener, "keystore", at, r.t_open) for at in revoked)
+            why = BY_DESIGN[reason] if cut else None
         elif reason is None and self.link_faulted(r.opener, "replay", r.t_open - REPLAY_SLACK, r.t1 + 1.0, _ANY_LINK):
             why = BY_DESIGN["replay store unavailable"] + ", no event stored"
         elif reason is None and any(k == token_kid(r.token) and at <= r.t1 for at, k in self.revoked):

@@ -185,3 +185,16 @@ def test_readiness_is_judged_from_a_sidecars_first_answer_after_it_could_not_ans
     assert [(v.at, v.what) for v in checker.violations] == [
         (T + 22, "sc-1 /readyz 200 while its audit store was down 5.0 s")
     ]
+
+
+def test_an_unknown_kid_is_by_design_only_on_an_instance_cut_from_its_keystore_across_a_revocation() -> None:
+    """Issue 40's second 60-minute run (seed 2026): a revocation replaced the primary at once while one sidecar
+    was cut from the keystore; a token the other sidecar sealed with the new key was refused on it as unknown
+    kid. A revocation is not phased (docs/rotation.md: keys revoke names such instances), so that is by
+    design; the same refusal on an instance whose keystore answered is a violation."""
+    cut = _fault("cut", "mcp-2", T - 10, T + 10, dependency="keystore")
+    for applied, expected in (((cut,), []), ((), ["mcp round 2 rejected on mcp-2"])):
+        checker = _checker(*applied)
+        checker.revoked.append((T - 1.0, "k0"))
+        checker.classify_rounds([_round("rejected", "-32602")], _index("unknown kid"), _fp)
+        assert [v.what for v in checker.violations] == expected
