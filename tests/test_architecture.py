@@ -17,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "mrtr_keys"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "version", "urls", "token", "deadlines", "hardening"),
+    ("errors", "version", "urls", "token", "deadlines", "hardening", "files"),
     ("logs", "tracing"),
     ("ring",),
     ("providers",),

@@ -300,23 +300,11 @@ def _read_backup(backup: str) -> bytes:
     Raises:
         ConfigError: it cannot be read, is not a regular file, or is larger than any key ring.
     """
-    import os
-    import stat
-
+    from mrtr_keys.files import read_small_file
     from mrtr_keys.keystores.file import MAX_RING_BYTES
 
-    try:
-        fd = os.open(backup, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(f"cannot read backup {backup}: not a regular file (give a key ring file saved earlier)")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(MAX_RING_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"cannot read backup {backup}: {exc.strerror}") from None
+    hint = " (give a key ring file saved earlier)"
+    data = read_small_file(backup, "backup", MAX_RING_BYTES, not_regular=hint)
     if len(data) > MAX_RING_BYTES:
         raise ConfigError(
             f"cannot read backup {backup}: larger than {MAX_RING_BYTES:,} bytes, larger than any key ring"

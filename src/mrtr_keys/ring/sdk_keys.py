@@ -20,9 +20,9 @@ import base64
 import binascii
 import os
 import re
-import stat
 
 from mrtr_keys.errors import ConfigError, KeyRingError
+from mrtr_keys.files import read_small_file
 
 MIN_SDK_KEY_BYTES = 32
 """The MCP SDK's minimum for a `RequestStateSecurity(keys=[...])` secret (bytes)."""
@@ -51,15 +51,7 @@ def read_sdk_key_file(path: str | os.PathLike[str], encoding: str | None = None)
     if encoding is not None and encoding not in ENCODINGS:
         raise ConfigError(f"--encoding must be hex or base64 (or left out for a raw key), not {encoding!r}")
     name = str(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ConfigError(f"cannot read the key file {name}: not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read the key file {name}: {exc.strerror or type(exc).__name__}") from None
+    data = read_small_file(path, "the key file", MAX_KEY_FILE_BYTES)
     if not data:
         raise ConfigError(f"the key file {name} is empty")
     if len(data) > MAX_KEY_FILE_BYTES:

@@ -286,21 +286,9 @@ MAX_CONFIG_BYTES = 1024 * 1024
 def _read_config(path: str | Path) -> bytes:
     """The bytes of the config file: a regular file of at most `MAX_CONFIG_BYTES`, opened without blocking, so a
     FIFO or ``/dev/zero`` named by mistake is one line (exit 2), not a hang or a read until memory runs out."""
-    import os
-    import stat
+    from mrtr_keys.files import read_small_file
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(f"cannot read config file {path}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    data = read_small_file(path, "config file", MAX_CONFIG_BYTES)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"cannot read config file {path}: larger than {MAX_CONFIG_BYTES:,} bytes")
     return data
