@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -168,3 +169,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_an_audit_key_file_that_is_a_fifo_or_a_directory_is_one_line_never_a_hang(
+    keystore_path: Path, tmp_path: Path
+) -> None:
+    """The audit key files (``MRTR_KEYS_AUDIT_KEY_FILE``, ``MRTR_KEYS_AUDIT_OLD_KEY_FILES`` and the state directory's
+    ``audit.key``) were opened with a blocking open(2): a FIFO hung `audit verify` (and `serve`, and every
+    writer) for ever, and a directory was ``internal error: IsADirectoryError``. Each is one line, exit 2."""
+    assert run_cli("rotate", "begin", keystore=keystore_path).code == 0  # the CLI records it: the log exists
+    fifo, directory = tmp_path / "key.fifo", tmp_path / "key.dir"
+    os.mkfifo(fifo, 0o600)
+    directory.mkdir(mode=0o700)
+    for variable in ("MRTR_KEYS_AUDIT_KEY_FILE", "MRTR_KEYS_AUDIT_OLD_KEY_FILES"):
+        for path in (fifo, directory):
+            r = run_cli("audit", "verify", keystore=keystore_path, env={variable: str(path)}, timeout=30)
+            one_line(r, 2, f"the audit key {path} ")
+            assert "is not a regular file" in r.err
+    own = keystore_path.parent / "audit.key"
+    own.unlink()
+    os.mkfifo(own, 0o600)
+    r = run_cli("audit", "verify", keystore=keystore_path, timeout=30)
+    one_line(r, 2, f"audit key {own} is not a regular file")
