@@ -191,3 +191,18 @@ def test_an_audit_key_file_that_is_a_fifo_or_a_directory_is_one_line_never_a_han
     os.mkfifo(own, 0o600)
     r = run_cli("audit", "verify", keystore=keystore_path, timeout=30)
     one_line(r, 2, f"audit key {own} is not a regular file")
+
+
+def test_a_jsonl_audit_store_that_is_a_fifo_a_device_or_a_directory_is_one_line_never_a_hang(
+    keystore_path: Path, tmp_path: Path
+) -> None:
+    """``jsonl:///PATH`` naming a FIFO hung every command that opens the store (a blocking open(2) for writing
+    waits for a reader); ``/dev/zero`` was read as one endless first line until memory ran out; a directory
+    was exit 75 ("retry later"), which no retry cures. Each is now one line, exit 2."""
+    assert run_cli("rotate", "begin", keystore=keystore_path).code == 0  # the audit key exists
+    fifo, directory = tmp_path / "audit.fifo", tmp_path / "audit.dir"
+    os.mkfifo(fifo, 0o600)
+    directory.mkdir()
+    for path in (fifo, Path("/dev/zero"), directory):
+        r = run_cli("audit", "verify", "--audit", f"jsonl://{path}", keystore=keystore_path, timeout=30)
+        one_line(r, 2, f"the audit store {path} is not a regular file")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -47,8 +48,13 @@ class JSONLStore:
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            if self.path.exists() and not self.path.is_file():
+                raise ConfigError(f"the audit store {self.path} is not a regular file (jsonl:///PATH names a file)")
+            # O_NONBLOCK: a FIFO swapped in after that look fails the open (ENXIO) instead of waiting for a reader
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ConfigError(f"the audit store {self.path} is not a regular file (jsonl:///PATH names a file)")
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_size == 0:
                     os.write(fd, (json.dumps({"schema_version": AUTO_SCHEMA}) + "\n").encode())  # 4 changed SQL only
