@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,32 @@ def test_workers_get_their_settings_in_the_import_string_not_the_environment() -
         ServiceConfig(audit=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="log_format"):
         ServiceConfig(log_format="xml")
+
+
+@pytest.mark.parametrize(
+    ("line", "name"),
+    [
+        ("uds = []", "uds"),
+        ('uds = "/run/x\\u0000y"', "uds"),
+        ("clients = 1", "clients"),
+        ("keystore = 1", "keystore"),
+        ("state_dir = false", "state_dir"),
+        ("instance = 7", "instance"),
+        ("audit_factory = 1", "audit_factory"),
+    ],
+)
+def test_a_config_file_path_or_name_that_is_not_text_is_refused_naming_it(
+    keystore_path: Path, tmp_path: Path, line: str, name: str
+) -> None:
+    """The paths and names of a config file were not checked: ``uds = []`` served on TCP instead, as if unset;
+    ``clients = 1``, ``audit_factory = 1`` or a NUL byte in ``uds`` was ``internal error: TypeError`` (or
+    ``ValueError: embedded null byte``); ``keystore = 1`` looked for a ring in a file named ``1``. Each is one
+    line, exit 2, naming the setting, and nothing is served."""
+    cfg = tmp_path / "sidecar.toml"
+    with socket.socket() as taken:  # were it served, it would fail another way (port in use), not hang
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg.write_text(f"[sidecar]\nport = {taken.getsockname()[1]}\n{line}\n")
+        r = run_cli("serve", "--config", str(cfg), keystore=keystore_path, timeout=30)
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith(f"mrtr-keys: {name} must be a string without a NUL byte"), r.err

@@ -147,6 +147,10 @@ class ServiceConfig:
     else any (``MRTR_KEYS_KMS_KEY_ID`` pins ``kms`` and the KMS key)."""
 
     def __post_init__(self) -> None:
+        for name in _TEXT_SETTINGS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "\x00" in value):
+                raise ConfigError(f"{name} must be a string without a NUL byte{_TEXT_SETTINGS[name]}")
         for name in ("single_use_clients", "single_use_audiences"):
             names = getattr(self, name)
             if isinstance(names, str) or not isinstance(names, list | tuple):
@@ -244,6 +248,19 @@ class ServiceConfig:
             return cls(**doc)
         except TypeError as exc:
             raise ConfigError(f"bad sidecar settings: {exc}") from None
+
+
+_TEXT_SETTINGS = {
+    "keystore": " (a path or a keystore URL)",
+    "clients": " (the client registry's path)",
+    "uds": " (the Unix socket's path)",
+    "state_dir": " (a directory)",
+    "audit_factory": " (package.module:factory)",
+    "instance": "",
+}
+"""Settings that are text when set (empty: unset, as on the command line): a config file's ``uds = []`` was read as
+unset (TCP instead), ``clients = 1`` or a NUL byte in a path was an internal error, ``keystore = 1`` named a file
+``1``."""
 
 
 def _seconds(name: str, value: object) -> None:
