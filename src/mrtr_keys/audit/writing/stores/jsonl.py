@@ -79,7 +79,7 @@ class JSONLStore:
         try:
             doc = json.loads(first)
             return int(doc["schema_version"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return SCHEMA_VERSION  # a bare export: records only
 
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
@@ -118,7 +118,7 @@ class JSONLStore:
                     if "schema_version" in doc and "writer" not in doc:
                         continue
                     yield Record.from_json(doc, position=n)
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     raise AuditError(f"{self.path}:{n}: not an audit record") from None
 
     def query(self, q: Query) -> list[Record]:
@@ -210,7 +210,7 @@ class JSONLStore:
             return {}
         except OSError as exc:
             raise AuditUnavailable(f"cannot read the audit store {path}: {exc.strerror}") from None
-        except ValueError as exc:  # not JSON: a damaged file, not an outage (exit 1, not 75)
+        except (ValueError, RecursionError) as exc:  # not JSON: a damaged file, not an outage (exit 1, not 75)
             raise AuditError(f"cannot read the audit store {path}: {exc}") from None
         return doc if isinstance(doc, dict) else {}
 
