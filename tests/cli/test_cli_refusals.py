@@ -206,3 +206,19 @@ def test_a_jsonl_audit_store_that_is_a_fifo_a_device_or_a_directory_is_one_line_
     for path in (fifo, Path("/dev/zero"), directory):
         r = run_cli("audit", "verify", "--audit", f"jsonl://{path}", keystore=keystore_path, timeout=30)
         one_line(r, 2, f"the audit store {path} is not a regular file")
+
+
+def test_a_vault_service_account_token_file_that_is_a_fifo_is_one_line_never_a_hang(tmp_path: Path) -> None:
+    """``VAULT_K8S_TOKEN_FILE`` (the Kubernetes login's JWT, read at each login) was opened with a blocking open(2):
+    a FIFO hung every command and codec on a Vault keystore for ever before Vault was even asked. A FIFO, a
+    device or a directory is now one line, exit 2, read not at all."""
+    fifo, directory = tmp_path / "sa-token.fifo", tmp_path / "sa-token.dir"
+    os.mkfifo(fifo, 0o600)
+    directory.mkdir()
+    with socket.socket() as closed:  # a Vault address nothing answers: the JWT is read before any request
+        closed.bind(("127.0.0.1", 0))
+        addr = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    for path in (fifo, Path("/dev/zero"), directory):
+        pod = {"BAO_ADDR": addr, "VAULT_K8S_ROLE": "sidecar", "VAULT_K8S_TOKEN_FILE": str(path)}
+        r = run_cli("keys", "list", "--keystore", "vault-kv://secret/mrtr/keyring", env=pod, timeout=30)
+        one_line(r, 2, f"cannot read the service-account token for the Vault Kubernetes login at {path} (not a regular")
