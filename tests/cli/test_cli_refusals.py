@@ -222,3 +222,12 @@ def test_a_vault_service_account_token_file_that_is_a_fifo_is_one_line_never_a_h
         pod = {"BAO_ADDR": addr, "VAULT_K8S_ROLE": "sidecar", "VAULT_K8S_TOKEN_FILE": str(path)}
         r = run_cli("keys", "list", "--keystore", "vault-kv://secret/mrtr/keyring", env=pod, timeout=30)
         one_line(r, 2, f"cannot read the service-account token for the Vault Kubernetes login at {path} (not a regular")
+
+
+def test_rotate_next_if_older_than_beyond_what_a_date_holds_is_one_line(keystore_path: Path) -> None:
+    """``rotate next --if-older-than 999999999999999d`` on an idle ring was ``internal error: OverflowError``
+    (its due date past the year 9999). Over 100 years is refused in one line, exit 2, and nothing changes."""
+    r = run_cli("rotate", "next", "--if-older-than", "999999999999999d", keystore=keystore_path)
+    one_line(r, 2, "--if-older-than must be at most 36500d (100 years)")
+    r = run_cli("rotate", "next", "--if-older-than", "36500d", keystore=keystore_path)
+    assert r.code == 0 and r.out.startswith("nothing to do: primary "), (r.out, r.err)
