@@ -187,3 +187,16 @@ def test_a_config_file_path_or_name_that_is_not_text_is_refused_naming_it(
         r = run_cli("serve", "--config", str(cfg), keystore=keystore_path, timeout=30)
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert r.err.startswith(f"mrtr-keys: {name} must be a string without a NUL byte"), r.err
+
+
+def test_the_settings_repr_shows_no_store_password() -> None:
+    """The sidecar's settings are handed to code that is not ours (``audit_factory`` is called with them): the
+    dataclass's own repr showed ``replay_store`` and ``audit`` whole, passwords included. They show as ``***``."""
+    config = ServiceConfig(
+        replay_store="redis://:r3play-pw@127.0.0.1:6379/13",
+        audit="postgresql://mrtr:audit-pw@127.0.0.1/audit?password=query-pw",
+    )
+    shown = repr(config)
+    assert not any(pw in shown for pw in ("r3play-pw", "audit-pw", "query-pw")), shown
+    assert "replay_store='redis://:***@127.0.0.1:6379/13'" in shown and "port=8750" in shown
+    assert config.to_json()["replay_store"] == "redis://:r3play-pw@127.0.0.1:6379/13"  # the workers still get it

@@ -231,6 +231,13 @@ class ServiceConfig:
         for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "write_timeout"):
             _seconds(name, getattr(self, name))
 
+    def __repr__(self) -> str:
+        """Every setting, with the password of each store URL as ``***`` (`redact`): the dataclass's own repr
+        showed ``replay_store`` and ``audit`` whole, and the config reaches code that is not ours (the
+        ``audit_factory`` is called with it)."""
+        shown = (f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self))
+        return f"ServiceConfig({', '.join(shown)})"
+
     def with_overrides(self, **changes: Any) -> ServiceConfig:
         """A copy with every non-None value of `changes` applied (validated)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -261,6 +268,14 @@ _TEXT_SETTINGS = {
 """Settings that are text when set (empty: unset, as on the command line): a config file's ``uds = []`` was read as
 unset (TCP instead), ``clients = 1`` or a NUL byte in a path was an internal error, ``keystore = 1`` named a file
 ``1``."""
+
+
+_URL_SETTINGS = frozenset({"audit", "replay_store", "audit_anchor", "keystore"})
+"""Settings that may be a URL with a password in it."""
+
+
+def _shown(name: str, value: object) -> object:
+    return redact(value) if name in _URL_SETTINGS and isinstance(value, str) else value
 
 
 def _seconds(name: str, value: object) -> None:
