@@ -200,3 +200,14 @@ def test_the_settings_repr_shows_no_store_password() -> None:
     assert not any(pw in shown for pw in ("r3play-pw", "audit-pw", "query-pw")), shown
     assert "replay_store='redis://:***@127.0.0.1:6379/13'" in shown and "port=8750" in shown
     assert config.to_json()["replay_store"] == "redis://:r3play-pw@127.0.0.1:6379/13"  # the workers still get it
+
+
+def test_a_client_registry_nested_too_deeply_is_one_line(keystore_path: Path, tmp_path: Path) -> None:
+    """A registry file holding one value nested 100,000 deep was ``internal error: RecursionError`` for `clients`
+    and `serve` (and escaped the running sidecar's registry reload, which keeps the loaded registry on any other
+    broken file). It is one line, exit 2, like any other registry that is not JSON."""
+    registry = tmp_path / "clients.json"
+    registry.write_text("[" * 100_000 + "]" * 100_000)
+    registry.chmod(0o600)
+    r = run_cli("clients", "list", "--clients", str(registry), keystore=keystore_path)
+    assert (r.code, r.err) == (2, "mrtr-keys: client registry JSON is nested too deeply\n")
