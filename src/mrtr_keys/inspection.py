@@ -70,7 +70,7 @@ def inspect_token(
 def _envelope(payload: bytes, *, show_state: bool, now: datetime) -> dict[str, Any]:
     try:
         claims = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes: not an envelope
         return {"envelope": "not an MCP SDK envelope", "payload_bytes": len(payload)}
     if not isinstance(claims, dict):
         return {"envelope": "not an MCP SDK envelope", "payload_bytes": len(payload)}

@@ -141,3 +141,28 @@ def test_a_checkpoint_file_that_is_a_device_is_refused_not_read(archived: tuple[
     cps.symlink_to("/dev/zero")
     res = cli("audit", "verify", "--audit", url, "--checkpoints", str(cps), "--from-archive", "arch")
     assert res.code == 2 and "not a checkpoint file (not a regular file)" in res.err, res.err
+
+
+@pytest.mark.parametrize("what", ["segment", "manifest"])
+def test_json_nested_deeper_than_the_parser_goes_is_a_break_not_an_internal_error(
+    archived: tuple[str, Path, Path], what: str
+) -> None:
+    """A manifest, or a segment line, holding one value nested 100,000 deep was ``internal error: RecursionError``
+    (any other text that is not JSON is a break)."""
+    url, cps, manifest = archived
+    cps.unlink()
+    deep = "[" * 100_000 + "]" * 100_000
+    if what == "manifest":
+        manifest.write_text(deep)
+        said = "is not JSON (changed after archiving)"
+    else:
+
+        def rewrite(doc: dict[str, Any]) -> None:
+            seg = doc["segments"][0]
+            (Path("arch") / seg["file"]).write_bytes(gzip.compress((deep + "\n").encode()))
+            _relist(doc, seg)
+
+        _edit(manifest, rewrite)
+        said = "cannot be read as gzip JSON Lines"
+    code, out = _verify(url, cps)
+    assert code == 1 and out.startswith("BROKEN: archive: ") and said in out, out

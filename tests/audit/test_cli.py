@@ -185,3 +185,30 @@ def test_fingerprint_of_a_token_respelled_in_standard_base64_is_the_canonical_to
     assert cli("audit", "fingerprint", respelled, keystore=keystore_path).out.strip() == want
     life = cli("audit", "query", "--token", respelled, "--json", keystore=keystore_path).json()
     assert [(e["op"], e["fingerprint"]) for e in life] == [("seal", want)]
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_a_verdict_not_an_internal_error(
+    filled: Path, tmp_path: Path
+) -> None:
+    """Whoever writes the store (or a checkpoint file, or a JSON-lines log) could make `audit verify` end in
+    ``internal error: RecursionError`` with one value nested 100,000 deep, where any other malformed text is a
+    finding: the store's chain_switch record, a checkpoint line, a record of a JSON-lines log. Each is now the
+    finding the same damage gets when it is not nested: BROKEN (exit 1), or one line naming the file."""
+    deep = "[" * 100_000 + "]" * 100_000
+    cp = tmp_path / "cp.jsonl"
+    cp.write_text(deep + "\n")
+    res = run_cli("audit", "verify", "--checkpoints", str(cp), keystore=filled)
+    assert (res.code, res.err) == (2, f"mrtr-keys: {cp}:1: not a checkpoint (bad JSON)\n")
+
+    log = tmp_path / "audit.jsonl"
+    log.write_text(deep + "\n")
+    res = run_cli("audit", "verify", "--audit", f"jsonl://{log}", keystore=filled)
+    assert (res.code, res.err) == (1, f"mrtr-keys: {log}:1: not an audit record\n")
+
+    db = sqlite3.connect(filled.parent / "audit.db")
+    with db:
+        db.execute("UPDATE store_meta SET value = ? WHERE name = 'chain_switch'", (deep,))
+    db.close()
+    res = run_cli("audit", "verify", keystore=filled)
+    assert res.code == 1 and "internal error" not in res.err, res.err
+    assert "BROKEN: store: the chain_switch record in store_meta is malformed" in res.out

@@ -335,6 +335,16 @@ def test_inspect_decrypt_for_the_wrong_audience_does_not_unseal(keystore: FileKe
     assert inner not in r.out + r.err
 
 
+def test_inspect_decrypt_of_a_payload_nested_too_deep_for_the_parser_is_not_an_envelope(keystore: FileKeystore) -> None:
+    """A sidecar client seals any payload; one JSON value nested 10,000 deep made `inspect --decrypt` end in
+    ``internal error: RecursionError``. It is shown as what it is: not an MCP SDK envelope."""
+    deep = b"[" * 10_000 + b"]" * 10_000
+    token = LocalAESGCMCodec(keystore, audience="billing").seal(deep)
+    r = run_cli("inspect", "--decrypt", "--audience", "billing", "--json", token, keystore=keystore.path)
+    info = ok(r).json()
+    assert (info["envelope"], info["payload_bytes"]) == ("not an MCP SDK envelope", len(deep))
+
+
 def test_inspect_of_garbage_exits_1_not_a_valid_token(keystore_path: Path) -> None:
     garbage = ("garbage", "mk1.!!!", "mk1.a b", "mk1.AAAA", "v1." + "A" * 48)
     results = parallel(*(("inspect", g) for g in garbage), keystore=keystore_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -168,3 +169,65 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_an_audit_key_file_that_is_a_fifo_or_a_directory_is_one_line_never_a_hang(
+    keystore_path: Path, tmp_path: Path
+) -> None:
+    """The audit key files (``MRTR_KEYS_AUDIT_KEY_FILE``, ``MRTR_KEYS_AUDIT_OLD_KEY_FILES`` and the state directory's
+    ``audit.key``) were opened with a blocking open(2): a FIFO hung `audit verify` (and `serve`, and every
+    writer) for ever, and a directory was ``internal error: IsADirectoryError``. Each is one line, exit 2."""
+    assert run_cli("rotate", "begin", keystore=keystore_path).code == 0  # the CLI records it: the log exists
+    fifo, directory = tmp_path / "key.fifo", tmp_path / "key.dir"
+    os.mkfifo(fifo, 0o600)
+    directory.mkdir(mode=0o700)
+    for variable in ("MRTR_KEYS_AUDIT_KEY_FILE", "MRTR_KEYS_AUDIT_OLD_KEY_FILES"):
+        for path in (fifo, directory):
+            r = run_cli("audit", "verify", keystore=keystore_path, env={variable: str(path)}, timeout=30)
+            one_line(r, 2, f"the audit key {path} ")
+            assert "is not a regular file" in r.err
+    own = keystore_path.parent / "audit.key"
+    own.unlink()
+    os.mkfifo(own, 0o600)
+    r = run_cli("audit", "verify", keystore=keystore_path, timeout=30)
+    one_line(r, 2, f"audit key {own} is not a regular file")
+
+
+def test_a_jsonl_audit_store_that_is_a_fifo_a_device_or_a_directory_is_one_line_never_a_hang(
+    keystore_path: Path, tmp_path: Path
+) -> None:
+    """``jsonl:///PATH`` naming a FIFO hung every command that opens the store (a blocking open(2) for writing
+    waits for a reader); ``/dev/zero`` was read as one endless first line until memory ran out; a directory
+    was exit 75 ("retry later"), which no retry cures. Each is now one line, exit 2."""
+    assert run_cli("rotate", "begin", keystore=keystore_path).code == 0  # the audit key exists
+    fifo, directory = tmp_path / "audit.fifo", tmp_path / "audit.dir"
+    os.mkfifo(fifo, 0o600)
+    directory.mkdir()
+    for path in (fifo, Path("/dev/zero"), directory):
+        r = run_cli("audit", "verify", "--audit", f"jsonl://{path}", keystore=keystore_path, timeout=30)
+        one_line(r, 2, f"the audit store {path} is not a regular file")
+
+
+def test_a_vault_service_account_token_file_that_is_a_fifo_is_one_line_never_a_hang(tmp_path: Path) -> None:
+    """``VAULT_K8S_TOKEN_FILE`` (the Kubernetes login's JWT, read at each login) was opened with a blocking open(2):
+    a FIFO hung every command and codec on a Vault keystore for ever before Vault was even asked. A FIFO, a
+    device or a directory is now one line, exit 2, read not at all."""
+    fifo, directory = tmp_path / "sa-token.fifo", tmp_path / "sa-token.dir"
+    os.mkfifo(fifo, 0o600)
+    directory.mkdir()
+    with socket.socket() as closed:  # a Vault address nothing answers: the JWT is read before any request
+        closed.bind(("127.0.0.1", 0))
+        addr = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    for path in (fifo, Path("/dev/zero"), directory):
+        pod = {"BAO_ADDR": addr, "VAULT_K8S_ROLE": "sidecar", "VAULT_K8S_TOKEN_FILE": str(path)}
+        r = run_cli("keys", "list", "--keystore", "vault-kv://secret/mrtr/keyring", env=pod, timeout=30)
+        one_line(r, 2, f"cannot read the service-account token for the Vault Kubernetes login at {path} (not a regular")
+
+
+def test_rotate_next_if_older_than_beyond_what_a_date_holds_is_one_line(keystore_path: Path) -> None:
+    """``rotate next --if-older-than 999999999999999d`` on an idle ring was ``internal error: OverflowError``
+    (its due date past the year 9999). Over 100 years is refused in one line, exit 2, and nothing changes."""
+    r = run_cli("rotate", "next", "--if-older-than", "999999999999999d", keystore=keystore_path)
+    one_line(r, 2, "--if-older-than must be at most 36500d (100 years)")
+    r = run_cli("rotate", "next", "--if-older-than", "36500d", keystore=keystore_path)
+    assert r.code == 0 and r.out.startswith("nothing to do: primary "), (r.out, r.err)

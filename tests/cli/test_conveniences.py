@@ -248,3 +248,27 @@ def test_shell_completion_script_and_completions() -> None:
     words = {**env, "COMP_WORDS": "mrtr-keys keys d", "COMP_CWORD": "2", "_MRTR_KEYS_COMPLETE": "complete_bash"}
     done = subprocess.run(MRTR_KEYS, capture_output=True, text=True, env=words)
     assert done.stdout.split() == ["destroy"]
+
+
+def test_audit_tables_show_control_characters_escaped_so_a_stored_value_cannot_drive_the_terminal(
+    ring: Path, make_sink
+) -> None:
+    """A sidecar client chooses the audience of a refused call, and the audit log keeps it as sent: ``audit tail``
+    and ``audit query`` printed it raw, so ``ESC[1A ESC[2K`` (cursor up, erase line) hid the row above from the
+    operator and a newline forged a row of its own. Every table cell and followed line now shows control
+    characters escaped (``\\x1b``, ``\\n``), as error messages already did."""
+    from dataclasses import replace
+
+    from tests.fixtures.audit import insert, known_events
+
+    sink = make_sink(f"sqlite:///{ring.parent}/audit.db")
+    hostile = "\x1b[1A\x1b[2K\nforged"
+    insert(sink, [replace(e, audience=hostile, client="c\x1b]0;x\x07") for e in known_events(2)])
+    sink.flush()
+    for args in (("tail", "-n", "2"), ("tail", "-n", "2", "--wide"), ("query", "--limit", "2")):
+        out = ok(cli("audit", *args, keystore=ring)).out
+        assert "\x1b" not in out and "\x07" not in out, (args, out)
+        assert not any(line.strip().startswith("forged") for line in out.splitlines()), (args, out)
+        assert "\\x1b[1A" in out, (args, out)
+    wide = ok(cli("audit", "tail", "-n", "2", "--wide", keystore=ring)).out
+    assert "\\x1b[1A\\x1b[2K\\nforged" in wide

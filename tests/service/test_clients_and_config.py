@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,56 @@ def test_workers_get_their_settings_in_the_import_string_not_the_environment() -
         ServiceConfig(audit=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="log_format"):
         ServiceConfig(log_format="xml")
+
+
+@pytest.mark.parametrize(
+    ("line", "name"),
+    [
+        ("uds = []", "uds"),
+        ('uds = "/run/x\\u0000y"', "uds"),
+        ("clients = 1", "clients"),
+        ("keystore = 1", "keystore"),
+        ("state_dir = false", "state_dir"),
+        ("instance = 7", "instance"),
+        ("audit_factory = 1", "audit_factory"),
+    ],
+)
+def test_a_config_file_path_or_name_that_is_not_text_is_refused_naming_it(
+    keystore_path: Path, tmp_path: Path, line: str, name: str
+) -> None:
+    """The paths and names of a config file were not checked: ``uds = []`` served on TCP instead, as if unset;
+    ``clients = 1``, ``audit_factory = 1`` or a NUL byte in ``uds`` was ``internal error: TypeError`` (or
+    ``ValueError: embedded null byte``); ``keystore = 1`` looked for a ring in a file named ``1``. Each is one
+    line, exit 2, naming the setting, and nothing is served."""
+    cfg = tmp_path / "sidecar.toml"
+    with socket.socket() as taken:  # were it served, it would fail another way (port in use), not hang
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg.write_text(f"[sidecar]\nport = {taken.getsockname()[1]}\n{line}\n")
+        r = run_cli("serve", "--config", str(cfg), keystore=keystore_path, timeout=30)
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith(f"mrtr-keys: {name} must be a string without a NUL byte"), r.err
+
+
+def test_the_settings_repr_shows_no_store_password() -> None:
+    """The sidecar's settings are handed to code that is not ours (``audit_factory`` is called with them): the
+    dataclass's own repr showed ``replay_store`` and ``audit`` whole, passwords included. They show as ``***``."""
+    config = ServiceConfig(
+        replay_store="redis://:r3play-pw@127.0.0.1:6379/13",
+        audit="postgresql://mrtr:audit-pw@127.0.0.1/audit?password=query-pw",
+    )
+    shown = repr(config)
+    assert not any(pw in shown for pw in ("r3play-pw", "audit-pw", "query-pw")), shown
+    assert "replay_store='redis://:***@127.0.0.1:6379/13'" in shown and "port=8750" in shown
+    assert config.to_json()["replay_store"] == "redis://:r3play-pw@127.0.0.1:6379/13"  # the workers still get it
+
+
+def test_a_client_registry_nested_too_deeply_is_one_line(keystore_path: Path, tmp_path: Path) -> None:
+    """A registry file holding one value nested 100,000 deep was ``internal error: RecursionError`` for `clients`
+    and `serve` (and escaped the running sidecar's registry reload, which keeps the loaded registry on any other
+    broken file). It is one line, exit 2, like any other registry that is not JSON."""
+    registry = tmp_path / "clients.json"
+    registry.write_text("[" * 100_000 + "]" * 100_000)
+    registry.chmod(0o600)
+    r = run_cli("clients", "list", "--clients", str(registry), keystore=keystore_path)
+    assert (r.code, r.err) == (2, "mrtr-keys: client registry JSON is nested too deeply\n")

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mrtr_keys.cli.output import plain
+
 NARROW_HEADERS = ("time (UTC)", "op", "kid", "audience", "result", "client")
 _WIDTHS = {"audience": 12, "client": 10, "result": 14}
 
 
 def _cut(value: object, width: int) -> str:
-    text = "-" if value is None else str(value)
+    text = "-" if value is None else plain(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -28,11 +30,11 @@ def result(ev: dict[str, Any]) -> str:
 
 def narrow_row(ev: dict[str, Any]) -> list[str]:
     """One event in the `NARROW_HEADERS` columns."""
-    t = str(ev.get("time") or "")
+    t = plain(ev.get("time") or "")
     return [
         t[5:19].replace("T", " ") or "-",
-        str(ev.get("op") or "-"),
-        str(ev.get("kid") or "-"),
+        plain(ev.get("op") or "-"),
+        plain(ev.get("kid") or "-"),
         _cut(ev.get("audience"), _WIDTHS["audience"]),
         _cut(result(ev), _WIDTHS["result"]),
         _cut(ev.get("client"), _WIDTHS["client"]),
@@ -41,4 +43,4 @@ def narrow_row(ev: dict[str, Any]) -> list[str]:
 
 def wide_row(ev: dict[str, Any], fields: Sequence[str]) -> list[str]:
     """Every field, ``-`` for none."""
-    return ["-" if ev.get(f) is None else str(ev[f]) for f in fields]
+    return ["-" if ev.get(f) is None else plain(ev[f]) for f in fields]

@@ -8,6 +8,16 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 
+def plain(value: object) -> str:
+    """`value` as text that cannot drive a terminal: every character that is not printable (a newline, a tab,
+    ESC, NUL) shown escaped as Python writes it (``\\n``, ``\\x1b``). Stored values reach tables and lines:
+    an audience a sidecar client sent, a name in a store whoever writes it chose."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def print_json(data: Any) -> None:
     """Write `data` as one JSON document to stdout."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
@@ -53,7 +63,8 @@ def print_table(
     """A rich table on stdout (plain text when stdout is not a terminal).
 
     Cells are plain text: never read as rich markup or ``:emoji:`` codes (an instance id
-    ``host:100:...`` stays as written, and a ``[/x]`` in a stored value cannot break the table).
+    ``host:100:...`` stays as written, and a ``[/x]`` in a stored value cannot break the table), with control
+    characters escaped (`plain`: an ESC or a newline in a stored value cannot move the cursor or add a row).
 
     `compact`: no vertical rules and one space of padding, for tables whose columns were chosen to
     fit an 80-column terminal (the ``--wide`` variants print every column with rules); `tight`: two spaces
@@ -79,7 +90,7 @@ def print_table(
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(Text("" if v is None else str(v)) for v in row))
+        table.add_row(*(Text("" if v is None else plain(v)) for v in row))
     console = Console(soft_wrap=True)
     if not console.is_terminal:  # piped: never cut columns to a guessed 80; let the table be as wide as it is
         console = Console(soft_wrap=True, width=max(console.width, 400))
@@ -102,10 +113,7 @@ def print_fields(title: str | None, fields: dict[str, Any]) -> None:
 def error(text: str) -> None:
     """One line on stderr, prefixed with the program name (inner newlines and tabs folded; other control
     characters, such as an ESC inside a path the user typed, shown escaped so they cannot drive the terminal)."""
-    line = " ".join(text.split())
-    if not line.isprintable():
-        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-    sys.stderr.write(f"mrtr-keys: {line}\n")
+    sys.stderr.write(f"mrtr-keys: {plain(' '.join(text.split()))}\n")
 
 
 def json_requested(argv: Sequence[str]) -> bool:

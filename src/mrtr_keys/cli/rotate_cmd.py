@@ -148,6 +148,10 @@ def _step(
     _print(result, json_)
 
 
+MAX_OLDER_THAN = 36500 * 86400.0
+"""Longest ``--if-older-than`` (seconds, 100 years): beyond it the due date it prints cannot be a datetime."""
+
+
 def _not_due(store: Any, if_older_than: str | None, if_used_over: str | None) -> ChangeResult | None:
     """`mrtr_keys.changes.budget.not_due` for ``rotate next --if-older-than`` / ``--if-used-over``, with the
     primary's fleet-wide seal count from the presence store.
@@ -165,6 +169,8 @@ def _not_due(store: Any, if_older_than: str | None, if_used_over: str | None) ->
     from mrtr_keys.ring.model import utcnow
 
     older = None if if_older_than is None else parse_duration(if_older_than, "--if-older-than")
+    if older is not None and older > MAX_OLDER_THAN:  # its due date would be past what a datetime holds
+        raise ConfigError("--if-older-than must be at most 36500d (100 years)")
     fraction = None if if_used_over is None else parse_fraction(if_used_over)
     ring = store.load()
     seals = None

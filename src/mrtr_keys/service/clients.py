@@ -184,6 +184,8 @@ class ClientRegistry:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError):
             raise ConfigError("client registry is not valid JSON") from None
+        except RecursionError:
+            raise ConfigError("client registry JSON is nested too deeply") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(f"not a client registry (format must be {FORMAT!r})")
         if doc.get("version") != VERSION:

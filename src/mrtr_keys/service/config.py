@@ -147,6 +147,10 @@ class ServiceConfig:
     else any (``MRTR_KEYS_KMS_KEY_ID`` pins ``kms`` and the KMS key)."""
 
     def __post_init__(self) -> None:
+        for name in _TEXT_SETTINGS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "\x00" in value):
+                raise ConfigError(f"{name} must be a string without a NUL byte{_TEXT_SETTINGS[name]}")
         for name in ("single_use_clients", "single_use_audiences"):
             names = getattr(self, name)
             if isinstance(names, str) or not isinstance(names, list | tuple):
@@ -227,6 +231,13 @@ class ServiceConfig:
         for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "write_timeout"):
             _seconds(name, getattr(self, name))
 
+    def __repr__(self) -> str:
+        """Every setting, with the password of each store URL as ``***`` (`redact`): the dataclass's own repr
+        showed ``replay_store`` and ``audit`` whole, and the config reaches code that is not ours (the
+        ``audit_factory`` is called with it)."""
+        shown = (f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self))
+        return f"ServiceConfig({', '.join(shown)})"
+
     def with_overrides(self, **changes: Any) -> ServiceConfig:
         """A copy with every non-None value of `changes` applied (validated)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -244,6 +255,27 @@ class ServiceConfig:
             return cls(**doc)
         except TypeError as exc:
             raise ConfigError(f"bad sidecar settings: {exc}") from None
+
+
+_TEXT_SETTINGS = {
+    "keystore": " (a path or a keystore URL)",
+    "clients": " (the client registry's path)",
+    "uds": " (the Unix socket's path)",
+    "state_dir": " (a directory)",
+    "audit_factory": " (package.module:factory)",
+    "instance": "",
+}
+"""Settings that are text when set (empty: unset, as on the command line): a config file's ``uds = []`` was read as
+unset (TCP instead), ``clients = 1`` or a NUL byte in a path was an internal error, ``keystore = 1`` named a file
+``1``."""
+
+
+_URL_SETTINGS = frozenset({"audit", "replay_store", "audit_anchor", "keystore"})
+"""Settings that may be a URL with a password in it."""
+
+
+def _shown(name: str, value: object) -> object:
+    return redact(value) if name in _URL_SETTINGS and isinstance(value, str) else value
 
 
 def _seconds(name: str, value: object) -> None:

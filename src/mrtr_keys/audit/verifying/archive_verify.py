@@ -86,7 +86,7 @@ def _manifest(dest: Destination, name: str) -> tuple[dict[str, Any], str]:
         raise _fail(f"manifest {name} is larger than {MANIFEST_MAX:,} bytes (not a manifest mrtr-keys wrote)")
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _fail(f"manifest {name} is not JSON (changed after archiving)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("segments"), list):
         raise _fail(f"manifest {name} is not an mrtr-keys archive manifest ({FORMAT})")
@@ -243,7 +243,7 @@ def _feed_segment(dest: Destination, seg: dict[str, Any], manifest: str, walker:
         while True:
             try:
                 rows = [(base + count + i, *json.loads(line)) for i, line in enumerate(islice(lines, page), 1)]
-            except (OSError, EOFError, zlib.error, ValueError, TypeError):
+            except (OSError, EOFError, zlib.error, ValueError, TypeError, RecursionError):
                 raise _fail(f"segment {name} cannot be read as gzip JSON Lines", writer, first) from None
             if not rows:
                 break

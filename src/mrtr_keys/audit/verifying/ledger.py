@@ -229,7 +229,7 @@ def parse_record(text: str, where: str) -> dict[str, Any]:
     """
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ConfigError(f"{where}: not a checkpoint (bad JSON)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("heads"), list):
         raise ConfigError(f"{where}: not a checkpoint")

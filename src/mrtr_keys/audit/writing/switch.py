@@ -128,7 +128,7 @@ def read(store: Any, keys: ChainKeys) -> Switch | None:
 def _parse(raw: str) -> dict[str, Any] | None:
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested too deeply for the parser: malformed like any other
         return None
     return doc if isinstance(doc, dict) and MAC in doc else None
 

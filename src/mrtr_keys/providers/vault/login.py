@@ -16,6 +16,9 @@ server) drops it, and the client logs in once more and resends (`Login.drop`).
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -113,8 +116,13 @@ def read_jwt(path: str) -> str:
         ConfigError: the file cannot be read, is empty or larger than 64 KiB (its content is never shown).
     """
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JWT_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the login for ever
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, device or directory: not read
+                raise OSError(errno.EINVAL, "not a regular file")
+            raw = os.read(fd, MAX_JWT_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ConfigError(
             f"cannot read the service-account token for the Vault Kubernetes login at {path} "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -47,8 +48,13 @@ class JSONLStore:
         self._lock = threading.Lock()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            if self.path.exists() and not self.path.is_file():
+                raise ConfigError(f"the audit store {self.path} is not a regular file (jsonl:///PATH names a file)")
+            # O_NONBLOCK: a FIFO swapped in after that look fails the open (ENXIO) instead of waiting for a reader
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ConfigError(f"the audit store {self.path} is not a regular file (jsonl:///PATH names a file)")
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_size == 0:
                     os.write(fd, (json.dumps({"schema_version": AUTO_SCHEMA}) + "\n").encode())  # 4 changed SQL only
@@ -73,7 +79,7 @@ class JSONLStore:
         try:
             doc = json.loads(first)
             return int(doc["schema_version"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return SCHEMA_VERSION  # a bare export: records only
 
     def append_rows(self, rows: Sequence[tuple[object, ...]]) -> None:
@@ -112,7 +118,7 @@ class JSONLStore:
                     if "schema_version" in doc and "writer" not in doc:
                         continue
                     yield Record.from_json(doc, position=n)
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):
                     raise AuditError(f"{self.path}:{n}: not an audit record") from None
 
     def query(self, q: Query) -> list[Record]:
@@ -204,7 +210,7 @@ class JSONLStore:
             return {}
         except OSError as exc:
             raise AuditUnavailable(f"cannot read the audit store {path}: {exc.strerror}") from None
-        except ValueError as exc:  # not JSON: a damaged file, not an outage (exit 1, not 75)
+        except (ValueError, RecursionError) as exc:  # not JSON: a damaged file, not an outage (exit 1, not 75)
             raise AuditError(f"cannot read the audit store {path}: {exc}") from None
         return doc if isinstance(doc, dict) else {}
 
