@@ -42,9 +42,14 @@ def prepare(state_dir: Path = STATE_DIR) -> tuple[Path, Path, Path]:
 
             remove_client(registry, DEMO_CLIENT)  # its secret file is gone: issue a new one
         _, secret = add_client(registry, DEMO_CLIENT, audiences=[DEMO_AUDIENCE])
-        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A new file of mode 0600 renamed over the old one: a secret file left with a wider mode (or a link in
+        # its place) is replaced, not written through.
+        tmp = secret_path.with_name(f".{SECRET_FILE}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secret + "\n")
+        os.replace(tmp, secret_path)
         print(f"created client {DEMO_CLIENT!r} (audience {DEMO_AUDIENCE!r}); its secret is in {secret_path} (0600)")
     return ring_path, registry, secret_path
 
