@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,17 @@ def test_a_port_outside_1_to_65535_is_one_line_and_exit_2(
     assert exited.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == f"python -m mrtr_keys.example: error: argument --port: must be {said}"
+
+
+def test_an_sdk_key_file_that_is_a_fifo_or_a_directory_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    """`--sdk-key-file` read the path with `read_bytes`: a FIFO (nothing ever writes to it) hung the example
+    server before it started, and `/dev/zero` was read until memory ran out."""
+    from mrtr_keys.errors import ConfigError
+
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path, Path("/dev/zero")):
+        args = build_parser().parse_args(["--sdk-key-file", str(path)])
+        with pytest.raises(ConfigError) as refused:
+            security_from_args(args)
+        assert str(refused.value) == f"cannot read --sdk-key-file {path}: not a regular file"

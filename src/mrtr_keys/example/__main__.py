@@ -186,12 +186,14 @@ def security_from_args(args: argparse.Namespace) -> RequestStateSecurity | None:
     if args.key_source == "sdk-default":
         return None
     if args.sdk_key_file is not None:
-        from pathlib import Path
+        from mrtr_keys.files import read_small_file
+        from mrtr_keys.ring.sdk_keys import MAX_KEY_FILE_BYTES
 
-        try:
-            key = Path(args.sdk_key_file).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"cannot read --sdk-key-file {args.sdk_key_file}: {exc.strerror}") from None
+        key = read_small_file(args.sdk_key_file, "--sdk-key-file", MAX_KEY_FILE_BYTES)  # a FIFO: one line, no hang
+        if len(key) > MAX_KEY_FILE_BYTES:
+            raise ConfigError(
+                f"--sdk-key-file {args.sdk_key_file} is over {MAX_KEY_FILE_BYTES} bytes; it is not a key file"
+            )
         try:
             return RequestStateSecurity(keys=[key], ttl=args.ttl)
         except ValueError:
