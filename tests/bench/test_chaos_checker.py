@@ -198,3 +198,20 @@ def test_an_unknown_kid_is_by_design_only_on_an_instance_cut_from_its_keystore_a
         checker.revoked.append((T - 1.0, "k0"))
         checker.classify_rounds([_round("rejected", "-32602")], _index("unknown kid"), _fp)
         assert [v.what for v in checker.violations] == expected
+
+
+def test_an_unknown_kid_followed_by_the_retry_after_the_look_is_judged_by_the_retry() -> None:
+    """Issue 40's third 60-minute run (seed 2026): a revocation's new key sealed a raced round on mcp-1; the copy
+    on mcp-2 met `unknown kid` 17 ms before mcp-2 loaded the new ring, its look found it, and the retry was
+    refused as `replayed` (the other copy had won): the log holds both events (codecs/base.py), and the result,
+    the second, is by design. An `unknown kid` with no retry stays a violation."""
+    won, lost = _round("ok", kind="race", twin=1), _round("rejected", "-32602 x", kind="race", twin=0)
+    index = _index("unknown kid")
+    index.by_fingerprint["fp-tok"].append(Event("fp-tok", T + 0.52, 102, "unseal", "rejected", "replayed", "k1"))
+    checker = _checker()
+    checker.classify_rounds([won, lost], index, _fp)
+    assert checker.violations == []
+    assert checker.rejections == {"single-use replay (the other copy of a race won)": 1}
+    alone = _checker()
+    alone.classify_rounds([won, lost], _index("unknown kid"), _fp)
+    assert [v.what for v in alone.violations] == ["race round 2 rejected on mcp-2"]
