@@ -142,6 +142,11 @@ class Checker:
             else:
                 what = "replayed" if r.kind == "replay" else "forged (mutated)"
                 self.report(r.t_open or r.t0, f"a {what} token was accepted by {r.opener}", r.detail)
+        elif outcome == "failed" and r.kind == "replay" and r.opener in self.members:
+            if self.members[r.opener].kind == "sidecar":
+                # The forger gave up on a paused sidecar, which may serve the call when it resumes: the audit log
+                # then holds a second open, judged by the two opens' audit times like an accepted replay's.
+                self.spent_again.append(r)
         self.forger[f"{r.kind} {outcome}"] += 1
 
     def _ts(self, r: Round) -> None:

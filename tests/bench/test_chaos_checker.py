@@ -215,3 +215,22 @@ def test_an_unknown_kid_followed_by_the_retry_after_the_look_is_judged_by_the_re
     alone = _checker()
     alone.classify_rounds([won, lost], _index("unknown kid"), _fp)
     assert [v.what for v in alone.violations] == ["race round 2 rejected on mcp-2"]
+
+
+def test_a_replay_the_forger_gave_up_on_at_a_paused_sidecar_is_judged_by_the_audit_times() -> None:
+    """Issue 40's fourth 60-minute run (seed 2026): the forger's replay of a raw sidecar token timed out on a sidecar
+    paused for 24 s, which served it when it resumed, 92.6 s after the token's first open (its single-use record,
+    TTL 30 s + 60 s, had expired: by design). The forger saw a failure, so the checker did not count the token
+    among those it may find opened again and reported single use broken. A failed replay at a sidecar is now such
+    a candidate (the two opens' audit times decide, as for an accepted one); one at an MCP server is not."""
+    members = {
+        "sc-1": Member("sc-1", "sidecar", [], {}, 0, Path("."), {}, lives=[Life(201, T - 100)]),
+        "mcp-2": Member("mcp-2", "mcp", [], {}, 0, Path("."), {}, lives=[Life(102, T - 100)]),
+    }
+    checker = Checker(members, Timeline([]), ttl=30.0)
+    at_sidecar = _round("failed", "ReadTimeout: timed out", kind="replay", opener="sc-1", t_sealed=T - 90)
+    at_server = _round("failed", "ReadTimeout: timed out", kind="replay", opener="mcp-2", t_sealed=T - 90)
+    checker.classify_rounds([at_sidecar, at_server], _index(None), _fp)
+    assert checker.violations == []
+    assert checker.spent_again == [at_sidecar]
+    assert checker.forger == {"replay failed": 2}
