@@ -213,3 +213,29 @@ def test_a_promote_waiting_while_the_sealing_key_was_revoked_is_done_when_the_be
     )
     with pytest.raises(RotationError, match="nothing to promote"):
         transition("promote", _revoke(begun, new.kid), LATER)
+
+
+def test_a_retire_waiting_while_its_old_key_was_revoked_and_a_rotation_began_since_is_done() -> None:
+    """Issue 40's fourth 60-minute run (seed 2026): the pipeline's ``rotate next --wait`` resolved to retire the old
+    key and waited; the new primary was revoked (a fresh key took over), then the old key too, and another job's
+    ``rotate next`` began a rotation while a keystore cut kept the waiter from looking. The waiter then exited 1
+    ("the new key is not sealing yet ... run: mrtr-keys rotate promote"), though its end held: the old key is out
+    of use. It reports done and writes nothing; a retire with nothing revoked in a begun rotation is still refused."""
+    gens = rotate_through(fresh_ring())
+    promoted = gens.after_promote
+    old, new = status(promoted, LATER).old, promoted.primary
+    assert old is not None
+    without_new = _revoke(promoted, new.kid)
+    without_both = _revoke(without_new, old.kid)
+    begun = transition("begin", without_both, LATER + timedelta(minutes=5)).ring
+    assert status(begun, LATER + timedelta(minutes=5)).phase is Phase.BEGUN
+    begun_kid = status(begun, LATER + timedelta(minutes=5)).new
+    assert begun_kid is not None
+    done = transition("retire", begun, LATER + timedelta(minutes=6))
+    assert not done.changed and done.ring is begun
+    assert done.message == (
+        f"already out of use: {old.kid} was revoked; a rotation has begun since ({begun_kid.kid} verifies); "
+        "next: mrtr-keys rotate promote"
+    )
+    with pytest.raises(RotationError, match="not sealing yet"):
+        transition("retire", gens.after_begin, LATER)

@@ -225,6 +225,18 @@ def retire(ring: KeyRing, now: datetime, *, force: bool = False) -> ChangeResult
             )
         raise RotationError("no rotation is in progress, so there is nothing to retire; run: mrtr-keys rotate begin")
     if st.phase is Phase.BEGUN:
+        revoked = _revoked_for(ring, ring.primary.promoted_at, since=True)
+        if revoked is not None and revoked.demoted_at is not None and st.new is not None:
+            # A retire waiting on the last rotation's old key: a revocation took that key out of use, and another
+            # rotation began before the waiter looked again. Its end holds; the new rotation goes on by itself.
+            return ChangeResult(
+                "retire",
+                False,
+                ring,
+                f"already out of use: {revoked.kid} was revoked; a rotation has begun since ({st.new.kid} "
+                "verifies); next: mrtr-keys rotate promote",
+                details={"old": revoked.kid, "new": ring.primary.kid},
+            )
         raise RotationError(
             "the new key is not sealing yet, so the old one cannot be retired; run: mrtr-keys rotate promote"
         )
