@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.hmac import HMAC
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.files import read_regular
 from mrtr_keys.token import MAX_TOKEN_CHARS, decoded_bytes
 
 AUDIT_KEY_FILE = "audit.key"
@@ -61,11 +62,11 @@ def load_audit_key(directory: str | os.PathLike[str], *, create: bool = True) ->
     if create and not path.exists():
         _create_atomically(path)
     try:
-        info, data = _read_key_file(path, follow=False)
+        info, data = read_regular(path, AUDIT_KEY_BYTES, follow=False)
     except OSError as exc:
         raise ConfigError(f"cannot read audit key {path}: {exc.strerror or type(exc).__name__}") from None
     mode = info.st_mode
-    if not stat.S_ISREG(mode):
+    if data is None:
         raise ConfigError(f"audit key {path} is not a regular file")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"audit key {path} is accessible by group or others; fix with: chmod 600 {path}")
@@ -90,12 +91,12 @@ def load_shared_audit_key(path: str | os.PathLike[str]) -> bytes:
         ConfigError: missing or unreadable, not 32 bytes, or permissions wider than the above.
     """
     try:
-        info, data = _read_key_file(path, follow=True)  # follows links: a Secret volume's files are links into ..data
+        info, data = read_regular(path, AUDIT_KEY_BYTES)  # follows links: a Secret volume's files are links into ..data
     except OSError as exc:
         raise ConfigError(
             f"cannot read the audit key {path} ({ENV_AUDIT_KEY_FILE}): {exc.strerror or type(exc).__name__}"
         ) from None
-    if not stat.S_ISREG(info.st_mode):
+    if data is None:
         raise ConfigError(f"the audit key {path} ({ENV_AUDIT_KEY_FILE}) is not a regular file")
     group_read_ok = info.st_uid == 0
     allowed_group = stat.S_IRGRP if group_read_ok else 0
@@ -107,24 +108,6 @@ def load_shared_audit_key(path: str | os.PathLike[str]) -> bytes:
     if len(data) != AUDIT_KEY_BYTES:
         raise ConfigError(f"the audit key {path} ({ENV_AUDIT_KEY_FILE}) must hold exactly {AUDIT_KEY_BYTES} bytes")
     return data
-
-
-def _read_key_file(path: str | os.PathLike[str], *, follow: bool) -> tuple[os.stat_result, bytes]:
-    """The file's stat and at most one byte more than a key, read only from a
-    regular file: the open never blocks (``O_NONBLOCK``: a FIFO would wait for a writer for ever), and a FIFO,
-    device or directory is read not at all (its stat says so; a directory's read was an IsADirectoryError).
-
-    Raises:
-        OSError: it cannot be opened (or, with `follow` False, it is a symbolic link: ``O_NOFOLLOW``).
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
-    fd = os.open(path, flags)
-    try:
-        info = os.fstat(fd)
-        data = os.read(fd, AUDIT_KEY_BYTES + 1) if stat.S_ISREG(info.st_mode) else b""
-    finally:
-        os.close(fd)
-    return info, data
 
 
 def _create_atomically(path: Path) -> None:

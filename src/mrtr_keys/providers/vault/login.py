@@ -17,8 +17,6 @@ server) drops it, and the client logs in once more and resends (`Login.drop`).
 from __future__ import annotations
 
 import errno
-import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from mrtr_keys.errors import ConfigError
+from mrtr_keys.files import read_regular
 from mrtr_keys.providers.vault.errors import LoginRefused, VaultRefused
 from mrtr_keys.providers.vault.settings import VaultSettings
 
@@ -116,13 +115,9 @@ def read_jwt(path: str) -> str:
         ConfigError: the file cannot be read, is empty or larger than 64 KiB (its content is never shown).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the login for ever
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, device or directory: not read
-                raise OSError(errno.EINVAL, "not a regular file")
-            raw = os.read(fd, MAX_JWT_BYTES + 1)
-        finally:
-            os.close(fd)
+        _, raw = read_regular(path, MAX_JWT_BYTES)  # a FIFO must not block the login for ever
+        if raw is None:  # a FIFO, device or directory: not read
+            raise OSError(errno.EINVAL, "not a regular file")
     except OSError as exc:
         raise ConfigError(
             f"cannot read the service-account token for the Vault Kubernetes login at {path} "
